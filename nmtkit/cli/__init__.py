@@ -1,0 +1,80 @@
+"""The `nmtkit` command line: flag parsing only; the work is done by library functions.
+
+`main` turns a `UserError` (or a bad flag) into one red line on stderr and exit status 2; other
+exceptions are bugs and keep their traceback under `--debug` / NMTKIT_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from nmtkit.cli.app import app, state
+from nmtkit.errors import UserError
+
+# Each subcommand module registers its command on `app` when imported.
+# (Add one line per subcommand; keep the list in the order of the pipeline.)
+
+# typer >= 0.20 vendors click as typer._click; older typer uses click itself.
+try:
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:  # pragma: no cover - depends on the installed typer
+    _TyperClickException = None
+try:
+    from click.exceptions import ClickException as _ClickException
+except ImportError:  # pragma: no cover
+    _ClickException = None
+_CLICK_ERRORS = tuple(c for c in (_TyperClickException, _ClickException) if c is not None)
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def error_line(message: str) -> None:
+    """Print one red `nmtkit: error: ...` line on stderr."""
+    _err.print(f"nmtkit: error: {message}", style="bold red", markup=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point; exits with 0 on success, 2 on user error, 1 on a bug."""
+    if argv is not None:
+        state["debug"] = state["debug"] or "--debug" in argv
+    elif "--debug" in sys.argv[1:]:
+        state["debug"] = True
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv, prog_name="nmtkit", standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        error_line("aborted")
+        sys.exit(130)
+    except _CLICK_ERRORS as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `nmtkit` / `nmtkit CMD`: show help
+            print(e.format_message())
+            sys.exit(0)
+        if state["debug"]:
+            raise
+        ctx = getattr(e, "ctx", None)
+        where = f" (see 'nmtkit {ctx.info_name} --help')" if ctx is not None and ctx.parent else ""
+        error_line(e.format_message().replace("\n", " ") + where)
+        sys.exit(2)
+    except UserError as e:
+        if state["debug"]:
+            raise
+        error_line(str(e))
+        sys.exit(2)
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        sys.exit(130)
+    except BrokenPipeError:
+        # `nmtkit generate | head`: the reader went away; that is not an error of ours.
+        sys.stderr.close()
+        sys.exit(0)
+    except Exception as e:  # a bug: say so in one line unless the user asked for the traceback
+        if state["debug"]:
+            raise
+        error_line(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)

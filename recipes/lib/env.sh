@@ -1,0 +1,40 @@
+# Sourced by recipes: use the active virtual environment, or create and use ./.venv, then make
+# sure nmtkit (and, with NMTKIT_EXTRAS=test, its test extras) is installed.
+#
+# torch is installed first, pinned, so that `pip install nmtkit` finds it satisfied and never pulls
+# the multi-GB CUDA build onto a machine without a GPU:
+#   NMTKIT_TORCH   the torch requirement to install when torch is missing (default: torch==2.13.0;
+#                  on a CPU-only machine without a local CPU wheel, also set
+#                  PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)
+#   NMTKIT_VENV    where to create the environment when none is active (default: <repo>/.venv)
+_nmtkit_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+nmtkit_env() {
+    local extras=${1:-}
+    if [ -z "${VIRTUAL_ENV:-}" ]; then
+        local venv=${NMTKIT_VENV:-$_nmtkit_root/.venv}
+        if [ ! -x "$venv/bin/python" ]; then
+            echo "[env] creating virtual environment $venv" >&2
+            python3 -m venv "$venv" || { echo "[env] python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; return 1; }
+        fi
+        # shellcheck disable=SC1091
+        . "$venv/bin/activate"
+    fi
+    python -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+        || { echo "[env] nmtkit needs Python 3.10 or newer, found $(python --version 2>&1)" >&2; return 1; }
+    if ! python -c 'import torch' 2>/dev/null; then
+        echo "[env] installing ${NMTKIT_TORCH:-torch==2.13.0}" >&2
+        python -m pip install -q "${NMTKIT_TORCH:-torch==2.13.0}" || return 1
+    fi
+    local spec="$_nmtkit_root"
+    [ -n "$extras" ] && spec="$_nmtkit_root[$extras]"
+    # Reinstall only when the project changed (editable install: code changes need nothing).
+    local stamp
+    stamp=$(cat "$_nmtkit_root/pyproject.toml" | sha256sum | cut -d' ' -f1)-$extras
+    local marker="$VIRTUAL_ENV/.nmtkit-installed"
+    if [ "$(cat "$marker" 2>/dev/null)" != "$stamp" ] || ! python -c 'import nmtkit' 2>/dev/null; then
+        echo "[env] installing nmtkit${extras:+[$extras]} (editable) into $VIRTUAL_ENV" >&2
+        python -m pip install -q -e "$spec" || return 1
+        echo "$stamp" > "$marker"
+    fi
+}

@@ -1,0 +1,49 @@
+"""Shared test helpers: where ../shared/data is, and running the CLI in-process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("NMTKIT_SHARED", REPO.parent / "shared"))
+SHARED_DATA = SHARED / "data"
+
+
+def shared_file(*parts: str) -> Path:
+    """Path to a file under ../shared/data, or skip the test (with the reason) when it is absent."""
+    p = SHARED_DATA.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"shared data not available: {p} (set NMTKIT_SHARED to the shared/ folder)")
+    return p
+
+
+class CliResult:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, out={self.out[-2000:]!r}, err={self.err[-2000:]!r})"
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run `nmtkit ARGS...` in-process; return exit code, stdout and stderr."""
+    from nmtkit.cli import main
+    from nmtkit.cli.app import state
+
+    def run(*args: str) -> CliResult:
+        debug = state["debug"]
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            state["debug"] = debug
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
