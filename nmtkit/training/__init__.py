@@ -1,0 +1,1 @@
+"""Training: the loss, learning-rate schedules, and the training loop (`nmtkit train`)."""

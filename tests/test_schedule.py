@@ -1,0 +1,56 @@
+"""Learning-rate schedules against hand-computed values of their formulas."""
+
+from __future__ import annotations
+
+import pytest
+
+from nmtkit.training.schedule import Schedule
+
+# noam, warmup 4000: lr = d^-0.5 * min(u^-0.5, u * 4000^-1.5); 4000^-1.5 = 1/252982.2128134703,
+# 4000^-0.5 = 0.015811388300841896, 100000^-0.5 = 0.0031622776601683794.
+#   d=512  (512^-0.5 = 0.044194173824159216):
+#     u=1      0.044194173824159216 / 252982.2128134703        = 1.7469281074217108e-07
+#     u=4000   0.044194173824159216 * 0.015811388300841896     = 6.987712429686843e-04
+#     u=100000 0.044194173824159216 * 0.0031622776601683794    = 1.3975424859373686e-04
+#   d=1024 (1024^-0.5 = 0.03125):
+#     u=1      0.03125 / 252982.2128134703                     = 1.2352647110032732e-07
+#     u=4000   0.03125 * 0.015811388300841896                  = 4.941058844013093e-04
+#     u=100000 0.03125 * 0.0031622776601683794                 = 9.882117688026186e-05
+NOAM = {
+    (512, 1): 1.7469281074217108e-07,
+    (512, 4000): 6.987712429686843e-04,
+    (512, 100000): 1.3975424859373686e-04,
+    (1024, 1): 1.2352647110032732e-07,
+    (1024, 4000): 4.941058844013093e-04,
+    (1024, 100000): 9.882117688026186e-05,
+}
+
+
+@pytest.mark.parametrize("d_model,update", sorted(NOAM))
+def test_noam_matches_paper_formula(d_model, update):
+    s = Schedule("noam", warmup=4000, d_model=d_model)
+    assert s.lr(update) == pytest.approx(NOAM[(d_model, update)], rel=1e-12)
+
+
+def test_noam_scale_and_peak():
+    s = Schedule("noam", warmup=4000, d_model=512, lr_scale=2.0)
+    assert s.lr(4000) == pytest.approx(2 * 6.987712429686843e-04, rel=1e-12)
+    assert s.lr(3999) < s.lr(4000) > s.lr(4001)
+
+
+def test_inverse_sqrt_fairseq_shape():
+    # peak 7e-4, warmup 1000, from 0: u=1 -> 7e-7; u=500 -> 3.5e-4; u=1000 -> 7e-4; u=4000 -> 7e-4*sqrt(1/4)
+    s = Schedule("inverse_sqrt", warmup=1000, peak_lr=7e-4)
+    assert s.lr(1) == pytest.approx(7e-7)
+    assert s.lr(500) == pytest.approx(3.5e-4)
+    assert s.lr(1000) == pytest.approx(7e-4)
+    assert s.lr(4000) == pytest.approx(3.5e-4)
+    s2 = Schedule("inverse_sqrt", warmup=10, peak_lr=1e-3, warmup_init_lr=1e-4)
+    assert s2.lr(5) == pytest.approx(1e-4 + 0.5 * 9e-4)
+
+
+def test_rejects_bad_settings():
+    with pytest.raises(ValueError, match="warmup"):
+        Schedule("inverse_sqrt", warmup=0)
+    with pytest.raises(ValueError, match="unknown"):
+        Schedule("cosine", warmup=10)
