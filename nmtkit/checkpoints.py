@@ -1,0 +1,358 @@
+"""Checkpoints: safe atomic saving, safe loading, compatibility checks, averaging and pruning.
+
+Why the care: a checkpoint is the only copy of days of training. Writes go to a temporary file in
+the same folder, are fsynced and then renamed over the old file, so a crash (or a full disk, or
+SIGKILL) mid-save leaves the previous checkpoint intact. Loading uses
+`torch.load(weights_only=True)`, which refuses to run arbitrary pickled code, so everything stored
+is tensors, numbers, strings, None, lists and dicts (RNG states are converted to tensors, configs
+to plain dicts).
+
+Layout of a checkpoint (format_version 1; docs/formats.md "## Checkpoints" is the user-facing copy):
+
+    nmtkit_checkpoint   int, the format version (its presence marks an nmtkit file)
+    arch                str, the registry name the model was built from
+    arch_config         dict, dataclasses.asdict(ArchConfig) (ArchConfig(**d) rebuilds it)
+    model               state_dict of the model (the raw, trained weights)
+    ema                 state_dict of the exponential moving average of the weights, or absent
+    dictionaries        {"src_sha256", "tgt_sha256", "src_size", "tgt_size"}
+    data_manifest_id    str or None: the id of the data dir's manifest.json the model trained on
+    update, epoch       int: updates done; the epoch the last update belongs to
+    train_args          dict of the `nmtkit train` settings (plain values)
+    train               the resumable training state, absent from inference checkpoints:
+        optimizer, scheduler, scaler    their state_dicts
+        rng                             python/numpy/torch/cuda generator states as tensors
+        data_position                   {"epoch", "batch_offset", "world_size"}
+        early_stopping                  {"metric", "best", "bad_validations"}
+        counters                        {"nan_skips", "oom_skips", "elapsed_s", ...}
+    best                {"metric", "value"} of the best validation so far (or absent)
+    averaged_from       list of source file names (only in averaged checkpoints)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import random
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from nmtkit.errors import UserError
+from nmtkit.io import atomic_write
+
+FORMAT_VERSION = 1
+MAGIC = "nmtkit_checkpoint"
+
+UPDATE_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_{epoch}_{update}.pt
+EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")  # checkpoint{epoch}.pt
+
+
+# ---------------------------------------------------------------------------------------------
+# saving and loading
+
+
+def save_checkpoint(state: dict, path: str | os.PathLike) -> None:
+    """Write `state` to `path` atomically (temp file, fsync, rename, fsync of the folder)."""
+    path = Path(path)
+    if state.get(MAGIC) is None:
+        state = {MAGIC: FORMAT_VERSION, **state}
+    with atomic_write(path, "wb") as fh:
+        torch.save(state, fh)
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+    """Load an nmtkit checkpoint with weights_only=True; UserError if missing, corrupt or foreign."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        raise UserError(f"expected a checkpoint file but got a directory: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: not a safe nmtkit checkpoint (weights_only load refused it: {first})") from None
+    except Exception as e:  # noqa: BLE001 - junk bytes make the unpickler fail in many ways
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: cannot read checkpoint (corrupt or truncated file?): {msg}") from None
+    if not isinstance(state, dict) or MAGIC not in state:
+        raise UserError(f"{path}: not an nmtkit checkpoint (no '{MAGIC}' marker)")
+    version = state[MAGIC]
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise UserError(
+            f"{path}: checkpoint format version {version} is newer than this nmtkit understands "
+            f"({FORMAT_VERSION}); upgrade nmtkit"
+        )
+    for key in ("arch", "arch_config", "model"):
+        if key not in state:
+            raise UserError(f"{path}: incomplete nmtkit checkpoint (no '{key}')")
+    return state
+
+
+def inference_state(state: dict) -> dict:
+    """The same checkpoint without the training state (optimizer, RNG, data position...)."""
+    return {k: v for k, v in state.items() if k != "train"}
+
+
+# ---------------------------------------------------------------------------------------------
+# random number generator states, as tensors (weights_only-safe)
+
+
+def rng_state() -> dict:
+    """Capture python, numpy, torch (and CUDA) generator states as tensors and numbers."""
+    py_version, py_internal, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python_version": int(py_version),
+        "python_state": torch.tensor(py_internal, dtype=torch.int64),
+        "python_gauss": py_gauss,
+        "numpy_name": str(np_name),
+        "numpy_keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+        "numpy_pos": int(np_pos),
+        "numpy_has_gauss": int(np_has_gauss),
+        "numpy_gauss": float(np_gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` captured (CUDA states only when CUDA is in use)."""
+    random.setstate(
+        (state["python_version"], tuple(int(x) for x in state["python_state"].tolist()), state["python_gauss"])
+    )
+    np.random.set_state(
+        (
+            state["numpy_name"],
+            state["numpy_keys"].numpy().astype(np.uint32),
+            state["numpy_pos"],
+            state["numpy_has_gauss"],
+            state["numpy_gauss"],
+        )
+    )
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda_states])
+
+
+# ---------------------------------------------------------------------------------------------
+# compatibility
+
+
+def config_differences(a: dict, b: dict) -> list[str]:
+    """Human-readable 'key: a != b' lines for two arch config dicts."""
+    keys = sorted(set(a) | set(b))
+    return [f"{k}: {a.get(k, '<absent>')!r} != {b.get(k, '<absent>')!r}" for k in keys if a.get(k) != b.get(k)]
+
+
+def check_same_model(state: dict, where: str, *, arch: str, arch_config: dict, dictionaries: dict) -> None:
+    """Refuse a checkpoint whose architecture or dictionaries differ from what the run expects."""
+    diffs = config_differences(state["arch_config"], arch_config)
+    if state["arch"] != arch or diffs:
+        detail = "; ".join(diffs[:4]) + (" ..." if len(diffs) > 4 else "")
+        raise UserError(
+            f"{where} holds a model of arch '{state['arch']}' that differs from this run's '{arch}'"
+            + (f" ({detail})" if detail else "")
+            + "; use another --save-dir or the same architecture flags"
+        )
+    check_same_dictionaries(state, where, dictionaries)
+
+
+def check_same_dictionaries(state: dict, where: str, dictionaries: dict, what: str = "it cannot continue on this data dir") -> None:
+    """Refuse a checkpoint trained with other source/target dictionaries (by sha256)."""
+    have = state.get("dictionaries") or {}
+    for side in ("src", "tgt"):
+        mine, theirs = have.get(f"{side}_sha256"), dictionaries.get(f"{side}_sha256")
+        if mine != theirs:
+            raise UserError(
+                f"{where} was trained with another {side} dictionary "
+                f"(sha256 {str(mine)[:12]}... vs {str(theirs)[:12]}...); {what}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# finding, selecting and pruning checkpoint files
+
+
+def update_checkpoints(save_dir: str | os.PathLike) -> list[tuple[int, int, Path]]:
+    """(update, epoch, path) of every checkpoint_{epoch}_{update}.pt, by update ascending."""
+    found = []
+    for p in Path(save_dir).iterdir():
+        m = UPDATE_RE.match(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(2)), int(m.group(1)), p))
+    return sorted(found)
+
+
+def epoch_checkpoints(save_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(epoch, path) of every checkpoint{epoch}.pt, by epoch ascending."""
+    found = []
+    for p in Path(save_dir).iterdir():
+        m = EPOCH_RE.match(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def last_checkpoints(save_dir: str | os.PathLike, n: int, kind: str) -> list[Path]:
+    """The last n update ("update") or epoch ("epoch") checkpoints of save_dir, oldest first."""
+    save_dir = Path(save_dir)
+    flag = "--num-update-checkpoints" if kind == "update" else "--num-epoch-checkpoints"
+    if not save_dir.is_dir():
+        raise UserError(f"--inputs: not a directory: {save_dir}")
+    if n < 1:
+        raise UserError(f"{flag} must be >= 1, got {n}")
+    if kind == "update":
+        paths = [p for _, _, p in update_checkpoints(save_dir)]
+        pattern = "checkpoint_EPOCH_UPDATE.pt"
+    else:
+        paths = [p for _, p in epoch_checkpoints(save_dir)]
+        pattern = "checkpointEPOCH.pt"
+    if len(paths) < n:
+        raise UserError(
+            f"{flag} {n}: {save_dir} holds only {len(paths)} {kind} checkpoint(s) ({pattern})"
+            + (f": {', '.join(p.name for p in paths)}" if paths else "")
+        )
+    return paths[-n:]
+
+
+def prune_checkpoints(save_dir: str | os.PathLike, keep_last_updates: int, keep_last_epochs: int) -> list[Path]:
+    """Delete all but the newest N update / epoch checkpoints (N <= 0 keeps all); return deleted."""
+    removed: list[Path] = []
+    if keep_last_updates > 0:
+        for _, _, p in update_checkpoints(save_dir)[:-keep_last_updates]:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    if keep_last_epochs > 0:
+        for _, p in epoch_checkpoints(save_dir)[:-keep_last_epochs]:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# averaging
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _accumulate(total: dict[str, torch.Tensor] | None, weights: dict, name: str, first_name: str) -> dict:
+    if total is None:
+        total = {}
+        for k, v in weights.items():
+            total[k] = v.to(torch.float64).clone() if v.is_floating_point() else v.clone()
+        return total
+    if set(weights) != set(total):
+        missing = sorted(set(total) ^ set(weights))[:3]
+        raise UserError(f"{name}: parameters differ from {first_name} ({', '.join(missing)} ...)")
+    for k, v in weights.items():
+        acc = total[k]
+        if acc.shape != v.shape:
+            raise UserError(f"{name}: parameter {k} has shape {tuple(v.shape)} but {first_name} has {tuple(acc.shape)}")
+        if v.is_floating_point():
+            acc.add_(v.to(torch.float64))
+        elif not torch.equal(acc, v):
+            raise UserError(f"{name}: non-floating tensor {k} differs from {first_name}; cannot average it")
+    return total
+
+
+def average_checkpoints(paths: Iterable[str | os.PathLike]) -> dict:
+    """Element-wise mean of the model weights of `paths` (and of their EMA weights if all have them).
+
+    Floating tensors are summed in float64 and stored back in their own dtype; other tensors must be
+    identical in every input. Inputs must share architecture and dictionaries. The result is an
+    inference checkpoint (no training state) carrying the last input's metadata.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise UserError("no checkpoints to average")
+    for i, p in enumerate(paths):
+        for q in paths[i + 1 :]:
+            if _same_file(p, q):
+                raise UserError(f"checkpoint given twice: {p}")
+    first: dict | None = None
+    model_sum = ema_sum = None
+    dtypes: dict[str, torch.dtype] = {}
+    ema_dtypes: dict[str, torch.dtype] = {}
+    all_ema = True
+    last: dict = {}
+    for p in paths:
+        state = load_checkpoint(p)
+        if first is None:
+            first = {"arch": state["arch"], "arch_config": state["arch_config"],
+                     "dictionaries": state.get("dictionaries") or {}, "name": str(p)}
+            dtypes = {k: v.dtype for k, v in state["model"].items()}
+        else:
+            if state["arch"] != first["arch"] or config_differences(state["arch_config"], first["arch_config"]):
+                _refuse_arch(p, state, first)
+            check_same_dictionaries(state, str(p), first["dictionaries"],
+                                    f"only checkpoints trained on the same dictionaries as {first['name']} can be averaged")
+        model_sum = _accumulate(model_sum, state["model"], str(p), first["name"])
+        ema = state.get("ema")
+        if ema is None:
+            all_ema = False
+            ema_sum = None
+        elif all_ema:
+            if not ema_dtypes:
+                ema_dtypes = {k: v.dtype for k, v in ema.items()}
+            ema_sum = _accumulate(ema_sum, ema, str(p), first["name"])
+        last = state
+        del state
+    n = len(paths)
+
+    def finish(total: dict, types: dict) -> dict:
+        return {k: (v / n).to(types[k]) if v.is_floating_point() else v for k, v in total.items()}
+
+    out = inference_state(last)
+    out["model"] = finish(model_sum, dtypes)
+    if all_ema and ema_sum is not None:
+        out["ema"] = finish(ema_sum, ema_dtypes)
+    else:
+        out.pop("ema", None)
+    out["averaged_from"] = [p.name for p in paths]
+    return out
+
+
+def _refuse_arch(p: Path, state: dict, first: dict) -> None:
+    diffs = config_differences(state["arch_config"], first["arch_config"])
+    detail = "; ".join(diffs[:4])
+    raise UserError(
+        f"{p}: architecture '{state['arch']}' differs from {first['name']} ('{first['arch']}')"
+        + (f": {detail}" if detail else "")
+        + "; only checkpoints of the same model can be averaged"
+    )
+
+
+def check_output_not_input(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
+    """Refuse to overwrite one of the checkpoints being averaged."""
+    out = Path(output)
+    for p in inputs:
+        if _same_file(out, Path(p)):
+            raise UserError(f"--output {out} is one of the input checkpoints; choose another path")
+
+
+def state_summary(state: dict) -> dict[str, Any]:
+    """A few facts about a checkpoint for messages: arch, update, epoch, parameter count."""
+    n_params = sum(v.numel() for v in state["model"].values() if v.is_floating_point())
+    return {"arch": state["arch"], "update": state.get("update"), "epoch": state.get("epoch"), "params": n_params}
