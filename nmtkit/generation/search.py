@@ -1,0 +1,468 @@
+"""Batched search over a Transformer's incremental decoder: beam search, greedy and sampling.
+
+Why one module: the three searches share the per-step rules (banned symbols, min/max length,
+`--unk-penalty`, `--no-repeat-ngram-size`, the length penalty) and the batch bookkeeping
+(sentences that finish leave the batch). Everything is vectorised over the batch: there is no
+Python loop over sentences or hypotheses inside a decoding step.
+
+The model interface is the one in docs/internals.md:
+`encode(src) -> EncoderOut` (with `index_select`), `new_cache()` (with `index_select`) and
+`decode_step(prev_tokens_last (B, 1), enc, cache) -> (B, 1, V)` logits. Several models form an
+ensemble: each keeps its own encoder output and cache, and the ensemble's log-probability of a
+token is the mean of the models' log-probabilities.
+
+Definitions used throughout (see docs/generate.md):
+
+- `|Y|` counts the generated tokens **including** the final `</s>`, as tensor2tensor (GNMT form)
+  and fairseq (its `|Y|^alpha` form) both do; a hypothesis' score is
+  `sum of token log-probs (including </s>) / lp(|Y|)`.
+- the output limit is `max_len = floor(a * src_len + b)` tokens **before** `</s>` per sentence,
+  where `src_len` counts the source tokens without `</s>`; at step `max_len` only `</s>` is
+  allowed, so every hypothesis ends with `</s>`.
+- `min_len` tokens before `</s>` are required (`</s>` is banned earlier), unless `max_len` is
+  smaller, which wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+# docs/internals.md: Dictionary reserves these ids in this order.
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+
+LENPEN_FORMS = ("gnmt", "fairseq")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Every knob of the search; the CLI flags map one-to-one onto these fields."""
+
+    beam: int = 4
+    lenpen: float = 0.6
+    lenpen_form: str = "gnmt"  # "gnmt": ((5+|Y|)/6)^alpha (t2t, the paper); "fairseq": |Y|^alpha
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    min_len: int = 0
+    no_repeat_ngram_size: int = 0
+    unk_penalty: float = 0.0
+    nbest: int = 1
+    early_stop: bool = True
+    # Sampling (a bonus): `beam` independent samples per sentence instead of a beam.
+    sampling: bool = False
+    topk: int = 0  # 0 = no top-k restriction
+    topp: float = 0.0  # 0 = no nucleus restriction
+    temperature: float = 1.0
+    seed: int | None = None
+    # Hard cap on generated tokens before </s> (the model's target position limit).
+    max_len_cap: int | None = None
+    pad: int = PAD
+    bos: int = BOS
+    eos: int = EOS
+    unk: int = UNK
+
+    def __post_init__(self) -> None:
+        # Library-level checks; the CLI turns the same conditions into UserErrors naming flags.
+        if self.beam < 1:
+            raise ValueError(f"beam must be >= 1, got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise ValueError(f"nbest must be between 1 and beam ({self.beam}), got {self.nbest}")
+        if self.lenpen_form not in LENPEN_FORMS:
+            raise ValueError(f"lenpen_form must be one of {LENPEN_FORMS}, got {self.lenpen_form!r}")
+        if self.min_len < 0 or self.no_repeat_ngram_size < 0 or self.topk < 0:
+            raise ValueError("min_len, no_repeat_ngram_size and topk must be >= 0")
+        if not 0.0 <= self.topp <= 1.0:
+            raise ValueError(f"topp must be in [0, 1], got {self.topp}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+@dataclass
+class Hypothesis:
+    """One output sequence with its scores (natural-log probabilities)."""
+
+    tokens: list[int]  # generated ids, without the final </s>
+    score: float  # logprob / lp(len(tokens) + 1): what the search ranks by
+    logprob: float  # sum of the token log-probs, </s> included
+    positional_scores: list[float] = field(default_factory=list)  # len(tokens) + 1 entries
+
+
+def length_penalty(length: torch.Tensor | float, alpha: float, form: str) -> torch.Tensor | float:
+    """lp(|Y|): `((5+|Y|)/6)^alpha` (GNMT/tensor2tensor) or `|Y|^alpha` (fairseq)."""
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if form == "fairseq":
+        return length**alpha
+    raise ValueError(f"unknown length penalty form {form!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Ensembles: one object that looks like a single model to the search loops.
+
+
+class _Ensemble:
+    """Wraps models so that each keeps its own encoder output and cache.
+
+    `step` returns the mean of the models' log-softmaxes in float32 (whatever the models'
+    precision), so scores are comparable across precisions and ensemble sizes.
+    """
+
+    def __init__(self, models: Sequence[Any]):
+        if len(models) == 0:
+            raise ValueError("need at least one model")
+        self.models = list(models)
+
+    def encode(self, src_tokens: torch.Tensor) -> list:
+        return [m.encode(src_tokens) for m in self.models]
+
+    def new_cache(self) -> list:
+        return [m.new_cache() for m in self.models]
+
+    @staticmethod
+    def select_enc(encs: list, order: torch.Tensor) -> list:
+        return [e.index_select(order) for e in encs]
+
+    @staticmethod
+    def select_cache(caches: list, order: torch.Tensor) -> list:
+        out = []
+        for c in caches:
+            r = c.index_select(order)
+            # Accept both in-place (returns None) and functional cache implementations.
+            out.append(c if r is None else r)
+        return out
+
+    def step(self, prev: torch.Tensor, encs: list, caches: list) -> torch.Tensor:
+        """prev: (N, 1) newest tokens -> (N, V) float32 log-probabilities."""
+        lp = None
+        for m, e, c in zip(self.models, encs, caches):
+            logits = m.decode_step(prev, e, c)  # (N, 1, V)
+            cur = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (N, V)
+            lp = cur if lp is None else lp.add_(cur)
+        if len(self.models) > 1:
+            lp.div_(len(self.models))
+        return lp
+
+
+# --------------------------------------------------------------------------------------------
+# Per-step rules shared by all searches.
+
+
+def _source_lengths(src_tokens: torch.Tensor, cfg: SearchConfig) -> torch.Tensor:
+    """Source tokens per sentence without padding and without </s>: (B,) long."""
+    return (src_tokens.ne(cfg.pad) & src_tokens.ne(cfg.eos)).sum(dim=1)
+
+
+def max_lengths(src_tokens: torch.Tensor, cfg: SearchConfig) -> torch.Tensor:
+    """Per-sentence limit on generated tokens before </s>: floor(a*src_len + b), capped. (B,) long."""
+    src_len = _source_lengths(src_tokens, cfg).double()
+    lim = torch.floor(cfg.max_len_a * src_len + cfg.max_len_b).clamp(min=0).long()
+    if cfg.max_len_cap is not None:
+        lim = lim.clamp(max=max(cfg.max_len_cap, 0))
+    return lim
+
+
+def _ban_repeated_ngrams(lprobs: torch.Tensor, gen: torch.Tensor, n: int) -> None:
+    """Set -inf on every token that would repeat an n-gram already in `gen`.
+
+    lprobs: (N, V), gen: (N, t) generated tokens so far. Vectorised: all windows of size n are
+    compared against the last n-1 tokens at once.
+    """
+    t = gen.size(1)
+    if n <= 0 or t < n:
+        return
+    windows = gen.unfold(1, n, 1)  # (N, t-n+1, n)
+    prefix = gen[:, t - n + 1 :]  # (N, n-1)
+    match = (windows[:, :, : n - 1] == prefix.unsqueeze(1)).all(dim=-1)  # (N, t-n+1)
+    rows, cols = match.nonzero(as_tuple=True)
+    if rows.numel():
+        lprobs[rows, windows[rows, cols, n - 1]] = -math.inf
+
+
+def _apply_rules(
+    lprobs: torch.Tensor,
+    t: int,
+    gen: torch.Tensor,
+    row_max_len: torch.Tensor,
+    row_min_len: torch.Tensor,
+    cfg: SearchConfig,
+) -> None:
+    """Apply the per-step constraints in place.
+
+    lprobs: (N, V) log-probs for the token at (0-based) position t; gen: (N, t) tokens so far;
+    row_max_len / row_min_len: (N,) per-row limits (min already clipped to max).
+    """
+    eos_lp = lprobs[:, cfg.eos].clone()  # (N,) the model's own </s> log-prob
+    lprobs[:, cfg.pad] = -math.inf
+    if cfg.bos != cfg.eos:
+        lprobs[:, cfg.bos] = -math.inf
+    if cfg.unk_penalty:
+        lprobs[:, cfg.unk] -= cfg.unk_penalty
+    if cfg.no_repeat_ngram_size > 0:
+        _ban_repeated_ngrams(lprobs, gen, cfg.no_repeat_ngram_size)
+    ban_eos = row_min_len > t  # (N,)
+    if bool(ban_eos.any()):
+        lprobs[ban_eos, cfg.eos] = -math.inf
+    # At the max length only </s> is allowed; and a row whose every token is banned (min_len
+    # with --no-repeat-ngram-size on a tiny vocabulary) may end rather than emit a banned token.
+    force_eos = row_max_len <= t  # (N,)
+    if cfg.no_repeat_ngram_size > 0:
+        force_eos |= torch.isneginf(lprobs.max(dim=1).values)
+    if bool(force_eos.any()):
+        lprobs[force_eos] = -math.inf
+        lprobs[force_eos, cfg.eos] = eos_lp[force_eos]
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point.
+
+
+def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+    """Translate a batch; return, per sentence and in batch order, up to `cfg.nbest` hypotheses
+    best first.
+
+    src_tokens: (B, S) long, each row `tokens + [</s>]` right-padded with `<pad>`.
+    `models`: one model or a sequence of models (an ensemble). Beam 1 (without sampling) is
+    greedy search; sampling draws `beam` independent samples per sentence.
+    """
+    ens = _Ensemble(models if isinstance(models, (list, tuple)) else [models])
+    with torch.inference_mode():
+        if cfg.sampling or cfg.beam == 1:
+            return _independent_search(ens, src_tokens, cfg)
+        return _beam_search(ens, src_tokens, cfg)
+
+
+def _hyp(tokens: torch.Tensor, length: int, pos: torch.Tensor, score: float) -> Hypothesis:
+    pos_list = pos[: length + 1].tolist()
+    return Hypothesis(
+        tokens=tokens[:length].tolist(), score=score, logprob=float(sum(pos_list)), positional_scores=pos_list
+    )
+
+
+def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+    """Beam search over (batch x beam) flattened rows.
+
+    Per step and per sentence: the `beam` live hypotheses are extended by every token; every
+    extension by `</s>` is offered to the sentence's finished list (which keeps the `beam` best
+    by length-penalised score); the `beam` best extensions by other tokens (by raw log-prob,
+    which ranks them the same as tensor2tensor's penalised score, since all have the same
+    length) become the new live hypotheses. A sentence stops when (a) it reached its max length
+    (`</s>` forced), or (b) early stop: it holds `nbest` finished hypotheses and the worst of
+    them scores at least the best score any live hypothesis could still reach,
+    `max live logprob / max(lp(t+2), lp(max_len+1))` (log-probs never increase and lp is
+    monotonic in |Y|). This bound makes early stopping exact: stopping never changes the
+    `nbest` output compared with decoding to the max length.
+    """
+    device = src_tokens.device
+    B, K = src_tokens.size(0), cfg.beam
+    V = None
+    inf = math.inf
+
+    max_len = max_lengths(src_tokens, cfg).to(device)  # (B,)
+    min_len = torch.clamp(max_len, max=cfg.min_len)  # (B,) max_len wins over min_len
+    T = int(max_len.max()) if B else 0
+    # Early stopping needs log-probs <= 0; a negative --unk-penalty (a reward) breaks the bound.
+    early = cfg.early_stop and cfg.unk_penalty >= 0
+
+    encs = ens.encode(src_tokens)
+    rows = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,)
+    encs = ens.select_enc(encs, rows)
+    caches = ens.new_cache()
+
+    tokens = torch.full((B * K, T + 2), cfg.pad, dtype=torch.long, device=device)  # <s> y1 .. y_{T+1}
+    tokens[:, 0] = cfg.bos
+    pos_scores = torch.zeros(B * K, T + 1, device=device)  # per-token log-probs of live rows
+    alive = torch.full((B, K), -inf, device=device)  # cumulative log-prob of live hypotheses
+    alive[:, 0] = 0.0  # one start hypothesis per sentence; the -inf copies never win a top-k
+
+    fin_scores = torch.full((B, K), -inf, device=device)  # penalised scores, sorted best first
+    fin_tokens = torch.full((B, K, T + 1), cfg.pad, dtype=torch.long, device=device)
+    fin_pos = torch.zeros(B, K, T + 1, device=device)
+    fin_len = torch.zeros(B, K, dtype=torch.long, device=device)
+
+    sent_ids = torch.arange(B, device=device)  # original index of each active sentence
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    n_active = B
+
+    for t in range(T + 1):
+        N = n_active * K
+        lprobs = ens.step(tokens[:, t : t + 1], encs, caches)  # (N, V)
+        if V is None:
+            V = lprobs.size(1)
+        _apply_rules(
+            lprobs, t, tokens[:, 1 : t + 1], max_len.repeat_interleave(K), min_len.repeat_interleave(K), cfg
+        )
+
+        cand = (alive.view(N, 1) + lprobs).view(n_active, K, V)  # (B', K, V) cumulative log-probs
+        eos_lp = lprobs[:, cfg.eos].view(n_active, K)  # (B', K)
+        eos_score = cand[:, :, cfg.eos] / length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_form)
+        cand[:, :, cfg.eos] = -inf
+
+        # 1. Offer every </s> extension to the finished lists (only if one can enter).
+        if bool((eos_score > fin_scores[:, K - 1 : K]).any()):
+            all_scores = torch.cat([fin_scores, eos_score], dim=1)  # (B', 2K)
+            fin_scores, sel = all_scores.topk(K, dim=1)  # (B', K), sorted
+            new_tok = tokens[:, 1 : T + 2].reshape(n_active, K, T + 1)
+            new_pos = pos_scores.view(n_active, K, T + 1).clone()
+            new_pos[:, :, t] = eos_lp
+            cat_tok = torch.cat([fin_tokens, new_tok], dim=1)  # (B', 2K, T+1)
+            cat_pos = torch.cat([fin_pos, new_pos], dim=1)
+            cat_len = torch.cat([fin_len, torch.full_like(fin_len, t)], dim=1)  # (B', 2K)
+            idx = sel.unsqueeze(-1).expand(-1, -1, T + 1)
+            fin_tokens = cat_tok.gather(1, idx)
+            fin_pos = cat_pos.gather(1, idx)
+            fin_len = cat_len.gather(1, sel)
+
+        # 2. The K best non-</s> extensions become the live hypotheses.
+        top_lp, top_idx = cand.view(n_active, K * V).topk(K, dim=1)  # (B', K)
+        beam_idx = torch.div(top_idx, V, rounding_mode="floor")
+        tok = top_idx - beam_idx * V
+        order = (torch.arange(n_active, device=device) * K).unsqueeze(1) + beam_idx  # (B', K)
+        order = order.view(-1)  # (N,)
+        step_lp = lprobs.view(n_active, K * V).gather(1, top_idx)  # (B', K)
+        tokens = tokens.index_select(0, order)
+        tokens[:, t + 1] = tok.view(-1)
+        pos_scores = pos_scores.index_select(0, order)
+        pos_scores[:, t] = step_lp.view(-1)
+        alive = top_lp
+
+        # 3. Which sentences are done?
+        best_alive = alive[:, 0]  # (B',)
+        done = (max_len <= t) | torch.isneginf(best_alive)
+        if early:
+            lp_next = length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_form)
+            lp_max = length_penalty(max_len.to(alive.dtype) + 1.0, cfg.lenpen, cfg.lenpen_form)
+            bound = best_alive / torch.clamp(lp_max, min=lp_next)  # (B',) best reachable score
+            kth = fin_scores[:, cfg.nbest - 1]
+            done |= torch.isfinite(kth) & (kth >= bound)
+
+        if bool(done.any()):
+            for i in done.nonzero().view(-1).tolist():
+                b = int(sent_ids[i])
+                hyps = []
+                for j in range(cfg.nbest):
+                    s = float(fin_scores[i, j])
+                    if j > 0 and s == -inf:
+                        break
+                    hyps.append(_hyp(fin_tokens[i, j], int(fin_len[i, j]), fin_pos[i, j], s))
+                results[b] = hyps
+            keep = (~done).nonzero().view(-1)  # (B'',)
+            n_active = keep.numel()
+            if n_active == 0:
+                break
+            keep_rows = ((keep * K).unsqueeze(1) + torch.arange(K, device=device)).view(-1)  # (B''*K,)
+            order = order.view(-1).index_select(0, keep_rows)
+            encs = ens.select_enc(encs, keep_rows)
+            tokens = tokens.index_select(0, keep_rows)
+            pos_scores = pos_scores.index_select(0, keep_rows)
+            alive = alive.index_select(0, keep)
+            fin_scores = fin_scores.index_select(0, keep)
+            fin_tokens = fin_tokens.index_select(0, keep)
+            fin_pos = fin_pos.index_select(0, keep)
+            fin_len = fin_len.index_select(0, keep)
+            max_len = max_len.index_select(0, keep)
+            min_len = min_len.index_select(0, keep)
+            sent_ids = sent_ids.index_select(0, keep)
+        # Reorder every model's cache once per step: beam reordering and dropped sentences.
+        caches = ens.select_cache(caches, order)
+
+    return results
+
+
+def _filter_for_sampling(lprobs: torch.Tensor, cfg: SearchConfig) -> torch.Tensor:
+    """Logits to sample from: temperature, then top-k, then top-p (nucleus). (N, V)."""
+    logits = lprobs / cfg.temperature
+    if cfg.topk > 0 and cfg.topk < logits.size(1):
+        kth = logits.topk(cfg.topk, dim=1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if 0.0 < cfg.topp < 1.0:
+        sorted_logits, sorted_idx = logits.sort(dim=1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=1)
+        # Keep the smallest prefix whose mass reaches topp: drop a token when the mass before it
+        # already reaches topp (the most likely token is always kept).
+        before = probs.cumsum(dim=1) - probs
+        drop_sorted = before >= cfg.topp
+        drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits
+
+
+def _independent_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+    """Greedy search (beam 1) or sampling (`beam` samples per sentence): rows never interact.
+
+    Greedy picks the arg-max token and stops a row at its first `</s>` (tensor2tensor and
+    fairseq both decode greedily for beam 1). Sampling draws from the model's distribution
+    after the rules, temperature, top-k and top-p; its scores are the model's log-probs
+    (without temperature). Rows that finish leave the batch.
+    """
+    device = src_tokens.device
+    B = src_tokens.size(0)
+    S = cfg.beam if cfg.sampling else 1
+    gen = None
+    if cfg.sampling:
+        gen = torch.Generator(device=device)
+        if cfg.seed is not None:
+            gen.manual_seed(cfg.seed)
+        else:
+            gen.seed()
+
+    max_len = max_lengths(src_tokens, cfg).to(device).repeat_interleave(S)  # (N,)
+    min_len = torch.clamp(max_len, max=cfg.min_len)
+    T = int(max_len.max()) if B else 0
+    N = B * S
+
+    encs = ens.encode(src_tokens)
+    if S > 1:
+        encs = ens.select_enc(encs, torch.arange(B, device=device).repeat_interleave(S))
+    caches = ens.new_cache()
+
+    tokens = torch.full((N, T + 2), cfg.pad, dtype=torch.long, device=device)
+    tokens[:, 0] = cfg.bos
+    pos_scores = torch.zeros(N, T + 1, device=device)
+    row_ids = torch.arange(N, device=device)  # original row of each active row
+
+    out_tokens = torch.full((N, T + 1), cfg.pad, dtype=torch.long)
+    out_pos = torch.zeros(N, T + 1)
+    out_len = torch.zeros(N, dtype=torch.long)
+
+    for t in range(T + 1):
+        lprobs = ens.step(tokens[:, t : t + 1], encs, caches)  # (N', V)
+        _apply_rules(lprobs, t, tokens[:, 1 : t + 1], max_len, min_len, cfg)
+        if cfg.sampling:
+            probs = torch.softmax(_filter_for_sampling(lprobs, cfg), dim=1)
+            tok = torch.multinomial(probs, 1, generator=gen).view(-1)  # (N',)
+        else:
+            tok = lprobs.argmax(dim=1)  # (N',)
+        tokens[:, t + 1] = tok
+        pos_scores[:, t] = lprobs.gather(1, tok.unsqueeze(1)).view(-1)
+        ended = (tok == cfg.eos) | (max_len <= t)
+        if bool(ended.any()):
+            idx = ended.nonzero().view(-1)
+            ids = row_ids.index_select(0, idx).cpu()
+            out_tokens[ids] = tokens.index_select(0, idx)[:, 1:].cpu()
+            out_pos[ids] = pos_scores.index_select(0, idx).cpu()
+            out_len[ids] = t
+            keep = (~ended).nonzero().view(-1)
+            if keep.numel() == 0:
+                break
+            encs = ens.select_enc(encs, keep)
+            caches = ens.select_cache(caches, keep)
+            tokens = tokens.index_select(0, keep)
+            pos_scores = pos_scores.index_select(0, keep)
+            max_len = max_len.index_select(0, keep)
+            min_len = min_len.index_select(0, keep)
+            row_ids = row_ids.index_select(0, keep)
+
+    results: list[list[Hypothesis]] = []
+    for b in range(B):
+        hyps = []
+        for r in range(b * S, (b + 1) * S):
+            n = int(out_len[r])
+            logprob = float(out_pos[r, : n + 1].sum())
+            score = logprob / length_penalty(float(n + 1), cfg.lenpen, cfg.lenpen_form)
+            hyps.append(_hyp(out_tokens[r], n, out_pos[r], score))
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        results.append(hyps[: cfg.nbest])
+    return results
