@@ -1,0 +1,141 @@
+"""What training shows and records: a rich progress bar on stderr and a JSON-lines log file.
+
+Why both: the bar is for the person watching (epoch, update, loss, ppl, lr, target tokens/s,
+ETA); the log (`SAVE_DIR/train_log.jsonl`, one JSON object per line, appended across resumed runs)
+is for tools: `nmtkit plot`, benchmarks, and anyone who wants the numbers. Only rank 0 reports.
+
+Log records (every record has "type", "time" (UTC ISO) and "update"):
+    {"type": "start", "resumed": bool, "arch": ..., "params": N, "world_size": W, "device": ...}
+    {"type": "train", "epoch", "update", "loss", "nll_loss", "ppl", "lr", "gnorm", "tgt_tokens",
+     "sentences", "updates", "wall_s", "tgt_tok_per_s", "loss_scale" (fp16)}
+        loss / nll_loss: bits per target token (with / without label smoothing), averaged over
+        the `updates` updates since the previous train record; ppl = 2 ** nll_loss
+    {"type": "valid", "epoch", "update", "loss", "nll_loss", "ppl", "tgt_tokens", "bleu" (with
+     --eval-bleu), "best", "bad_validations", "weights": "raw" | "ema"}
+    {"type": "skip", "reason": "nan" | "oom" | "fp16_overflow", ...}
+    {"type": "checkpoint", "files": [...], "seconds": s}
+    {"type": "end", "reason": "max_update" | "max_epoch" | "max_time" | "patience" | "signal" | ...}
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN/inf: write them as strings so every line stays valid JSON."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class JsonlLog:
+    """Appends one JSON object per line and flushes, so a crash loses at most the current line."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = Path(path) if path else None
+        self._fh = open(self.path, "a", encoding="utf-8") if self.path else None
+
+    def write(self, record: dict) -> None:
+        if self._fh is None:
+            return
+        rec = {"type": record.get("type"), "time": _now(), **{k: _clean(v) for k, v in record.items()}}
+        self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_log(path: str | os.PathLike) -> list[dict]:
+    """Records of a train log, with the ones a resumed run redid removed.
+
+    A resumed run restarts from its checkpoint's update U and logs a "start" record with
+    "update": U; records of the interrupted run with update > U were lost with that run and are
+    dropped, so every update appears once. Unparseable lines (a crash mid-write) are skipped.
+    """
+    records: list[dict] = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if rec.get("type") == "start" and rec.get("resumed"):
+                u = rec.get("update", 0)
+                records = [r for r in records if r.get("type") in ("start", "end")
+                           or not isinstance(r.get("update"), int) or r["update"] <= u]
+            records.append(rec)
+    return records
+
+
+class TrainProgress:
+    """The training progress display: a rich bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, enabled: bool, total_updates: int | None, start_update: int, console: Console | None = None):
+        self.console = console or Console(stderr=True, highlight=False)
+        self.live = enabled and self.console.is_terminal
+        self._progress: Progress | None = None
+        self._task = None
+        if self.live:
+            self._progress = Progress(
+                TextColumn("epoch {task.fields[epoch]}"),
+                BarColumn(bar_width=24),
+                TextColumn("update {task.completed:.0f}{task.fields[of]}"),
+                TextColumn("loss {task.fields[loss]} ppl {task.fields[ppl]} lr {task.fields[lr]}"),
+                TextColumn("{task.fields[tps]} tgt tok/s"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=False,
+                refresh_per_second=4,
+            )
+            self._task = self._progress.add_task(
+                "train", total=total_updates, completed=start_update, epoch="-", loss="-", ppl="-", lr="-",
+                tps="-", of=f"/{total_updates}" if total_updates else "",
+            )
+            self._progress.start()
+
+    def update(self, update: int, epoch: int, stats: dict | None = None, lr: float | None = None) -> None:
+        if self._progress is None:
+            return
+        fields: dict[str, Any] = {"epoch": epoch}
+        if lr is not None:
+            fields["lr"] = f"{lr:.3g}"
+        if stats:
+            fields.update(loss=f"{stats['loss']:.3f}", ppl=f"{stats['ppl']:.2f}", tps=f"{stats['tgt_tok_per_s']:.0f}")
+        self._progress.update(self._task, completed=update, **fields)
+
+    def line(self, text: str, style: str | None = None) -> None:
+        """A message above the bar (or a plain stderr line without a terminal)."""
+        if self._progress is not None:
+            self._progress.console.print(text, style=style, markup=False, highlight=False)
+        else:
+            self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False, file=sys.stderr)

@@ -1,0 +1,273 @@
+"""`nmtkit train` on a tiny synthetic corpus: learning, exact resume, DDP equivalence, robustness."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmtkit import checkpoints as ck
+from nmtkit.errors import UserError
+from nmtkit.training import trainer as T
+from nmtkit.training.config import TrainConfig
+from nmtkit.training.report import read_log
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """400 pairs of a word-mapping task (wK -> WK), joint dictionary, no subwords."""
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(24)]
+    for split, n in (("train", 400), ("valid", 24)):
+        src, tgt = [], []
+        for _ in range(n):
+            s = [rng.choice(words) for _ in range(rng.randint(2, 10))]
+            src.append(" ".join(s))
+            tgt.append(" ".join(w.upper() for w in s))
+        (root / f"{split}.de").write_text("\n".join(src) + "\n")
+        (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
+    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
+                                validpref=[str(root / "valid")], destdir=str(root / "bin"), bpe="none",
+                                joined_dictionary=True))
+    return root / "bin"
+
+
+def config(data_dir, save_dir, **kw) -> TrainConfig:
+    base = dict(data_dir=str(data_dir), save_dir=str(save_dir), arch="transformer_tiny", max_tokens=256,
+                lr_scheduler="inverse_sqrt", lr=3e-3, warmup_updates=5, log_interval=1, progress_bar=False,
+                threads=1, no_epoch_checkpoints=True)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
+def test_loss_falls_and_log_and_checkpoints(data_dir, tmp_path):
+    res = T.train(config(data_dir, tmp_path / "run", max_update=40, lr=5e-3, save_interval_updates=20,
+                         keep_last_updates=1, arch_overrides={"dropout": 0.0}))
+    assert res.reason == "max_update" and res.update == 40
+    first, last = res.losses[0], sum(res.losses[-5:]) / 5
+    assert last < first - 1.0, res.losses  # bits per token
+    files = sorted(p.name for p in (tmp_path / "run").iterdir())
+    # save_interval 20 with keep_last_updates 1: only the newest update checkpoint remains
+    assert "checkpoint_last.pt" in files and "checkpoint_best.pt" in files and "train_log.jsonl" in files
+    assert [f for f in files if f.startswith("checkpoint_") and f[11].isdigit()] == [f"checkpoint_{res.epoch}_40.pt"]
+    recs = read_log(tmp_path / "run" / "train_log.jsonl")
+    train = [r for r in recs if r["type"] == "train"]
+    assert [r["update"] for r in train] == list(range(1, 41))
+    assert all(r["tgt_tok_per_s"] > 0 and r["ppl"] == pytest.approx(2 ** r["nll_loss"]) for r in train)
+    assert any(r["type"] == "valid" for r in recs) and recs[-1]["type"] == "end"
+    state = ck.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
+    assert state["update"] == 40 and state["arch"] == "transformer_tiny"
+    assert state["train"]["data_position"]["world_size"] == 1
+    assert len(state["dictionaries"]["src_sha256"]) == 64 and state["data_manifest_id"]
+
+
+def test_resume_is_bit_identical(data_dir, tmp_path):
+    # 15 batches per epoch, update_freq 2: epoch 1 has 8 updates (the last of one batch); stopping
+    # at 9 is mid-epoch 2, after a validation and an epoch checkpoint.
+    kw = dict(update_freq=2, max_tokens=200, seed=3)
+    full = T.train(config(data_dir, tmp_path / "a", max_update=11, **kw))
+    part1 = T.train(config(data_dir, tmp_path / "b", max_update=9, **kw))
+    pos = ck.load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["train"]["data_position"]
+    assert pos["epoch"] == 2 and pos["batch_offset"] > 0  # genuinely mid-epoch
+    part2 = T.train(config(data_dir, tmp_path / "b", max_update=11, **kw))
+    assert part1.losses + part2.losses == full.losses
+    a = ck.load_checkpoint(tmp_path / "a" / "checkpoint_last.pt")
+    b = ck.load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    sa, sb = a["train"]["optimizer"]["state"], b["train"]["optimizer"]["state"]
+    assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
+    # the log of the resumed run continues: every update logged once
+    updates = [r["update"] for r in read_log(tmp_path / "b" / "train_log.jsonl") if r["type"] == "train"]
+    assert updates == list(range(1, 12))
+
+
+def test_two_gloo_processes_match_one_with_update_freq_2(data_dir, tmp_path):
+    """torchrun, 2 CPU processes (gloo) vs 1 process accumulating 2 batches: same updates.
+
+    Dropout is off (the two ranks draw their own dropout masks, one process draws them in
+    sequence). The only difference left is the order of floating-point sums (gradients are
+    all-reduced instead of accumulated), so weights agree to 1e-5 and losses to 1e-6 relative.
+    """
+    common = ["--arch", "transformer_tiny", "--dropout", "0", "--max-tokens", "200", "--lr-scheduler",
+              "inverse_sqrt", "--lr", "3e-3", "--warmup-updates", "3", "--max-update", "4", "--threads", "1",
+              "--no-progress-bar", "--log-interval", "1", "--no-validate", "--no-epoch-checkpoints"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "nmtkit", "train", str(data_dir), "--save-dir", str(tmp_path / "ddp"), *common]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    one = T.train(config(data_dir, tmp_path / "one", update_freq=2, max_update=4, no_validate=True,
+                         warmup_updates=3, max_tokens=200, arch_overrides={"dropout": 0.0}))
+    ddp_log = [r for r in read_log(tmp_path / "ddp" / "train_log.jsonl") if r["type"] == "train"]
+    assert [r["tgt_tokens"] for r in ddp_log] == [r["tgt_tokens"] for r in read_log(
+        tmp_path / "one" / "train_log.jsonl") if r["type"] == "train"]
+    assert [r["loss"] for r in ddp_log] == pytest.approx(one.losses, rel=1e-6)
+    a = ck.load_checkpoint(tmp_path / "ddp" / "checkpoint_last.pt")
+    b = ck.load_checkpoint(tmp_path / "one" / "checkpoint_last.pt")
+    assert a["train"]["data_position"]["world_size"] == 2 and len(a["train"]["rng"]) == 2
+    for k in a["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], atol=1e-5, rtol=0), k
+
+
+def _poison(monkeypatch, bad_calls):
+    """Make the loss NaN on the given (0-based) training loss calls."""
+    real = T.label_smoothed_cross_entropy
+    calls = {"n": 0}
+
+    def fake(logits, target, eps, ignore_index=0):
+        loss, nll, n = real(logits, target, eps, ignore_index)
+        i = calls["n"]
+        calls["n"] += 1
+        if logits.requires_grad and i in bad_calls:
+            loss = loss * float("nan")
+        return loss, nll, n
+
+    monkeypatch.setattr(T, "label_smoothed_cross_entropy", fake)
+
+
+def test_nan_update_is_skipped_and_repeated_nans_stop(data_dir, tmp_path, monkeypatch):
+    _poison(monkeypatch, {2})
+    res = T.train(config(data_dir, tmp_path / "n", max_update=5, no_validate=True))
+    assert res.reason == "max_update" and res.update == 5 and res.nan_skips == 1
+    skips = [r for r in read_log(tmp_path / "n" / "train_log.jsonl") if r["type"] == "skip"]
+    assert [(s["reason"], s["update"]) for s in skips] == [("nan", 2)]
+
+    # all NaN from the 4th call on: stops after --max-nan-skips in a row; checkpoint_last stays at update 3
+    _poison(monkeypatch, set(range(3, 100)))
+    T.train(config(data_dir, tmp_path / "m", max_update=3, no_validate=True))
+    before = (tmp_path / "m" / "checkpoint_last.pt").read_bytes()
+    with pytest.raises(UserError, match="3 updates in a row had a NaN"):
+        T.train(config(data_dir, tmp_path / "m", max_update=10, no_validate=True, max_nan_skips=3))
+    assert (tmp_path / "m" / "checkpoint_last.pt").read_bytes() == before
+    assert ck.load_checkpoint(tmp_path / "m" / "checkpoint_last.pt")["update"] == 3
+
+
+def test_out_of_memory_batch_is_skipped(data_dir, tmp_path, monkeypatch):
+    from nmtkit.models.transformer import Transformer
+
+    real = Transformer.forward
+    calls = {"n": 0}
+
+    def forward(self, *a):
+        calls["n"] += 1
+        if self.training and calls["n"] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return real(self, *a)
+
+    monkeypatch.setattr(Transformer, "forward", forward)
+    res = T.train(config(data_dir, tmp_path / "o", max_update=3, no_validate=True))
+    assert res.update == 3 and res.oom_skips == 1
+    skip = [r for r in read_log(tmp_path / "o" / "train_log.jsonl") if r["type"] == "skip"]
+    assert skip[0]["reason"] == "oom" and "x" in skip[0]["batches"]
+
+
+def test_sigterm_saves_and_resume_finishes(data_dir, tmp_path, monkeypatch):
+    real_step = T.Trainer._train_step
+
+    def step(self, batches):
+        out = real_step(self, batches)
+        if self.state.update == 2 and not getattr(self, "_sent", False):
+            self._sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(T.Trainer, "_train_step", step)
+    res = T.train(config(data_dir, tmp_path / "s", max_update=6, no_validate=True))
+    assert res.reason == "signal" and res.update == 2 and res.interrupted_by == signal.SIGTERM
+    assert ck.load_checkpoint(tmp_path / "s" / "checkpoint_last.pt")["update"] == 2
+    assert signal.getsignal(signal.SIGTERM) is not None  # handler restored
+    res = T.train(config(data_dir, tmp_path / "s", max_update=6, no_validate=True))
+    assert res.reason == "max_update" and res.update == 6
+
+
+def test_patience_and_best_checkpoint(data_dir, tmp_path, monkeypatch):
+    from nmtkit.training.validation import ValidResult, Validator
+
+    values = iter([5.0, 4.0, 4.5, 4.2, 3.0])
+
+    def loss(self, *a, **k):
+        v = next(values)
+        return ValidResult(v, v, 2**v, 100)
+
+    monkeypatch.setattr(Validator, "loss", loss)
+    res = T.train(config(data_dir, tmp_path / "p", validate_interval_updates=1, patience=2, max_update=50))
+    assert res.reason == "patience" and res.update == 4 and res.best == 4.0
+    assert ck.load_checkpoint(tmp_path / "p" / "checkpoint_best.pt")["update"] == 2
+    valid = [r for r in read_log(tmp_path / "p" / "train_log.jsonl") if r["type"] == "valid"]
+    assert [r["bad_validations"] for r in valid] == [0, 0, 1, 2]
+
+
+def test_clear_errors(data_dir, tmp_path):
+    with pytest.raises(UserError, match="data directory not found"):
+        T.train(config(tmp_path / "nowhere", tmp_path / "x"))
+    # a checkpoint of another architecture in --save-dir
+    T.train(config(data_dir, tmp_path / "arch", max_update=1, no_validate=True))
+    with pytest.raises(UserError, match="differs from this run.*d_model: 64 != 32"):
+        T.train(config(data_dir, tmp_path / "arch", max_update=2, arch_overrides={"d_model": 32}))
+    # a corrupt shard (same size, flipped bytes): the checksum names it
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(data_dir, bad)
+    shard = bad / "train.en.000.bin"
+    data = bytearray(shard.read_bytes())
+    data[:4] = bytes(255 - b for b in data[:4])
+    shard.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="train.en.000.bin: checksum mismatch"):
+        T.train(config(bad, tmp_path / "y"))
+    # the same checkpoint, but another dictionary
+    shutil.rmtree(bad)
+    shutil.copytree(data_dir, bad)
+    d = bad / "dict.en.txt"
+    d.write_text(d.read_text().replace("W1 ", "W1x ", 1))
+    man = json.loads((bad / "manifest.json").read_text())
+    man["files"]["dict.en.txt"] = ck_sha(d)
+    (bad / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(UserError, match="another tgt dictionary"):
+        T.train(config(bad, tmp_path / "arch", max_update=2))
+    with pytest.raises(UserError, match="--update-freq must be > 0"):
+        T.train(config(data_dir, tmp_path / "z", update_freq=0))
+
+
+def ck_sha(path):
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_cli_train_and_flag_errors(data_dir, tmp_path, run_cli):
+    r = run_cli("train", data_dir, "--arch", "transformer_tiny", "--save-dir", tmp_path / "c", "--max-update", "2",
+                "--max-tokens", "256", "--threads", "1", "--no-progress-bar", "--no-validate", "--d-ff", "64")
+    assert r.code == 0, r
+    assert "reached --max-update: update 2" in r.out
+    assert ck.load_checkpoint(tmp_path / "c" / "checkpoint_last.pt")["arch_config"]["d_ff"] == 64
+    for args, msg in [
+        (["--heads", "3"], "--d-model 64 is not divisible by --heads 3"),
+        (["--precision", "fp8"], "--precision must be one of"),
+        (["--max-time", "soon"], "--max-time expects a duration"),
+        (["--adam-betas", "0.9"], "--adam-betas expects two numbers"),
+        (["--best-checkpoint-metric", "bleu"], "needs --eval-bleu"),
+    ]:
+        r = run_cli("train", data_dir, "--arch", "transformer_tiny", "--save-dir", tmp_path / "e", *args)
+        assert r.code == 2 and msg in r.err, (args, r)
+    assert not (tmp_path / "e").exists()  # refused before any work
