@@ -1,0 +1,142 @@
+"""Multi-head scaled dot-product attention (paper section 3.2) and its incremental K/V cache.
+
+Why `torch.nn.functional.scaled_dot_product_attention`: it computes exactly
+`softmax(Q K^T / sqrt(d_k)) V` (its default scale is 1/sqrt of the query's last dimension, i.e.
+1/sqrt(d_k)) and dispatches to the fused flash / memory-efficient kernels where the hardware has
+them, falling back to the plain math on CPU. Masks are boolean, True = "may attend".
+
+The projections have no bias, as in the paper's `Q W_i^Q`, `K W_i^K`, `V W_i^V`, `Concat(...) W^O`
+(and tensor2tensor). Self-attention uses one fused Q|K|V projection (one matmul instead of three);
+encoder-decoder attention projects Q from the decoder and a fused K|V from the encoder output,
+which decoding computes once per sentence. Per-head key size d_k and value size d_v may differ
+(Table 3 row B changes d_k alone).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MultiheadAttention(nn.Module):
+    """h heads of scaled dot-product attention followed by the output projection W^O."""
+
+    def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, dropout: float,
+                 self_attention: bool):
+        super().__init__()
+        self.heads, self.d_k, self.d_v = heads, d_k, d_v
+        self.dropout = dropout
+        self.self_attention = self_attention
+        if self_attention:
+            self.qkv_proj = nn.Linear(d_model, heads * (2 * d_k + d_v), bias=False)
+        else:
+            self.q_proj = nn.Linear(d_model, heads * d_k, bias=False)
+            self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v), bias=False)
+        self.out_proj = nn.Linear(heads * d_v, d_model, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Glorot-uniform per projection matrix (as if W^Q, W^K, W^V were separate Linears)."""
+        hk, hv = self.heads * self.d_k, self.heads * self.d_v
+        if self.self_attention:
+            w = self.qkv_proj.weight  # (2*hk + hv, d_model)
+            for a, b in ((0, hk), (hk, 2 * hk), (2 * hk, 2 * hk + hv)):
+                nn.init.xavier_uniform_(w[a:b])
+        else:
+            nn.init.xavier_uniform_(self.q_proj.weight)
+            w = self.kv_proj.weight  # (hk + hv, d_model)
+            nn.init.xavier_uniform_(w[:hk])
+            nn.init.xavier_uniform_(w[hk:])
+        nn.init.xavier_uniform_(self.out_proj.weight)
+
+    # ---- projections ---------------------------------------------------------------------------
+    def _heads(self, x: Tensor, d: int) -> Tensor:
+        """(B, T, h*d) -> (B, h, T, d) (a view; SDPA accepts the strides)."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, d).transpose(1, 2)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention inputs: x (B, T, D) -> q, k (B, h, T, d_k), v (B, h, T, d_v)."""
+        hk = self.heads * self.d_k
+        q, k, v = self.qkv_proj(x).split([hk, hk, self.heads * self.d_v], dim=-1)
+        return self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Encoder-decoder attention query: x (B, T, D) -> (B, h, T, d_k)."""
+        return self._heads(self.q_proj(x), self.d_k)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder-decoder keys/values: memory (B, S, D) -> k (B, h, S, d_k), v (B, h, S, d_v)."""
+        k, v = self.kv_proj(memory).split([self.heads * self.d_k, self.heads * self.d_v], dim=-1)
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    # ---- attention -----------------------------------------------------------------------------
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+               is_causal: bool = False) -> Tensor:
+        """softmax(q k^T / sqrt(d_k)) v over heads, then W^O: -> (B, T, D).
+
+        attn_mask: bool, broadcastable to (B, h, T, S), True = may attend (padding: (B, 1, 1, S)).
+        """
+        p = self.dropout if self.training else 0.0
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                           is_causal=is_causal)  # (B, h, T, d_v)
+        b, _, t, _ = o.shape
+        return self.out_proj(o.transpose(1, 2).reshape(b, t, self.heads * self.d_v))
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """Self-attention over the whole sequence x (B, T, D) -> (B, T, D)."""
+        q, k, v = self.project_qkv(x)
+        return self.attend(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+    def forward_step(self, x: Tensor, cache: "KVCache") -> Tensor:
+        """Self-attention for the newest position only: x (B, 1, D) -> (B, 1, D).
+
+        Appends this position's key/value to `cache` and attends over every cached position; no
+        mask is needed since the cache holds only the past and the present.
+        """
+        q, k, v = self.project_qkv(x)
+        k_all, v_all = cache.append(k, v)
+        return self.attend(q, k_all, v_all)
+
+
+class KVCache:
+    """Self-attention keys/values of the positions decoded so far, for one decoder layer.
+
+    Why a growing buffer rather than `torch.cat` each step: cat copies the whole history every
+    step; appending into spare capacity copies one position, and capacity doubles when full (or is
+    allocated once when the caller knows the maximum length). See docs/model.md for the timings.
+    """
+
+    def __init__(self, capacity: int | None = None):
+        self.k: Tensor | None = None  # (B, h, capacity, d_k)
+        self.v: Tensor | None = None  # (B, h, capacity, d_v)
+        self.length = 0
+        self._initial_capacity = capacity
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add k (B, h, n, d_k), v (B, h, n, d_v); return views of all cached keys and values."""
+        n = k.size(2)
+        if self.k is None:
+            cap = max(self._initial_capacity or 16, n)
+            self.k = k.new_empty(k.size(0), k.size(1), cap, k.size(3))
+            self.v = v.new_empty(v.size(0), v.size(1), cap, v.size(3))
+        elif self.length + n > self.k.size(2):
+            cap = max(2 * self.k.size(2), self.length + n)
+            self.k = self._grow(self.k, cap)
+            self.v = self._grow(self.v, cap)
+        self.k[:, :, self.length:self.length + n] = k
+        self.v[:, :, self.length:self.length + n] = v
+        self.length += n
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def _grow(self, buf: Tensor, cap: int) -> Tensor:
+        new = buf.new_empty(buf.size(0), buf.size(1), cap, buf.size(3))
+        new[:, :, :self.length] = buf[:, :, :self.length]
+        return new
+
+    def index_select(self, new_order: Tensor) -> None:
+        """Keep/reorder batch rows in place: row i becomes old row new_order[i]."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, new_order)
+            self.v = self.v.index_select(0, new_order)

@@ -1,0 +1,336 @@
+"""The Transformer encoder-decoder of Vaswani et al. (2017), section 3, and incremental decoding.
+
+Faithful to the paper by default (see docs/model.md for every choice and its source):
+- each sub-layer is wrapped as `LayerNorm(x + Dropout(Sublayer(x)))` (post-norm);
+  `normalize_before=True` gives `x + Dropout(Sublayer(LayerNorm(x)))` plus a final LayerNorm per
+  stack (pre-norm, a later variant);
+- token embeddings are multiplied by sqrt(d_model), sinusoidal positions are added, and dropout is
+  applied to the sum;
+- the feed-forward network is `max(0, x W1 + b1) W2 + b2`;
+- with `share_embeddings="all"` the source embedding, target embedding and pre-softmax projection
+  are one matrix (needs a joint vocabulary).
+
+The interface (docs/internals.md) is what training and beam search code against:
+`forward`, `encode`, `new_cache`, `decode_step`, `EncoderOut.index_select`,
+`DecoderCache.index_select`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmtkit.errors import UserError
+from nmtkit.models.attention import KVCache, MultiheadAttention
+from nmtkit.models.registry import ArchConfig
+
+
+def sinusoid_table(max_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...); pos from 0.
+
+    Returns (max_positions, d_model) float32. Computed in float64 so that long positions keep
+    their precision before the cast.
+    """
+    pos = torch.arange(max_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
+    angle = pos / torch.pow(torch.tensor(10000.0, dtype=torch.float64), two_i / d_model)
+    table = torch.zeros(max_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class PositionalEncoding(nn.Module):
+    """Position vectors for positions [offset, offset + length): sinusoidal or learned."""
+
+    def __init__(self, max_positions: int, d_model: int, learned: bool, which: str):
+        super().__init__()
+        self.max_positions, self.learned, self.which = max_positions, learned, which
+        if learned:
+            self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+            nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
+        else:
+            # Not persistent: a function of the config, so checkpoints need not carry it.
+            self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """-> (length, d_model)."""
+        if offset + length > self.max_positions:
+            raise UserError(
+                f"a {self.which} of {offset + length} tokens exceeds --max-{self.which}-positions "
+                f"{self.max_positions} (filter long sentences or raise the limit)"
+            )
+        w = self.weight if self.learned else self.table
+        return w[offset:offset + length]
+
+
+class FeedForward(nn.Module):
+    """max(0, x W1 + b1) W2 + b2 (with optional dropout after the ReLU)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = activation_dropout
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.fc1(x))  # (B, T, d_ff)
+        h = F.dropout(h, self.activation_dropout, self.training)
+        return self.fc2(h)
+
+
+class _Sublayers(nn.Module):
+    """Shared residual wrapping for encoder and decoder layers."""
+
+    normalize_before: bool
+    dropout: float
+
+    def _pre(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.normalize_before else x
+
+    def _post(self, residual: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = residual + F.dropout(y, self.dropout, self.training)
+        return x if self.normalize_before else norm(x)
+
+
+class EncoderLayer(_Sublayers):
+    """[self-attention, feed-forward], each wrapped with residual + dropout + LayerNorm."""
+
+    def __init__(self, cfg: ArchConfig):
+        super().__init__()
+        self.normalize_before, self.dropout = cfg.normalize_before, cfg.dropout
+        self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.head_dim_k, cfg.head_dim_v,
+                                            cfg.attention_dropout, self_attention=True)
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
+        """x (B, S, D), attn_mask (B, 1, 1, S) True = real key -> (B, S, D)."""
+        x = self._post(x, self.self_attn(self._pre(x, self.self_attn_norm), attn_mask=attn_mask),
+                       self.self_attn_norm)
+        return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
+
+
+class DecoderLayer(_Sublayers):
+    """[masked self-attention, encoder-decoder attention, feed-forward], each wrapped."""
+
+    def __init__(self, cfg: ArchConfig):
+        super().__init__()
+        self.normalize_before, self.dropout = cfg.normalize_before, cfg.dropout
+        dk, dv = cfg.head_dim_k, cfg.head_dim_v
+        self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, dk, dv, cfg.attention_dropout,
+                                            self_attention=True)
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.cross_attn = MultiheadAttention(cfg.d_model, cfg.heads, dk, dv, cfg.attention_dropout,
+                                             self_attention=False)
+        self.cross_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model)
+
+    def _cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        h = self._pre(x, self.cross_attn_norm)
+        y = self.cross_attn.attend(self.cross_attn.project_q(h), k, v, attn_mask=mask)
+        return self._post(x, y, self.cross_attn_norm)
+
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor) -> Tensor:
+        """Teacher forcing: x (B, T, D), memory (B, S, D), memory_mask (B, 1, 1, S) -> (B, T, D).
+
+        Target padding needs no mask: it is on the right, so the causal mask already hides it from
+        every real position, and every (pad) query still sees at least position 0.
+        """
+        x = self._post(x, self.self_attn(self._pre(x, self.self_attn_norm), is_causal=True),
+                       self.self_attn_norm)
+        k, v = self.cross_attn.project_kv(memory)
+        x = self._cross(x, k, v, memory_mask)
+        return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
+
+    def forward_step(self, x: Tensor, memory: Tensor, memory_mask: Tensor,
+                     cache: "LayerCache") -> Tensor:
+        """One new position: x (B, 1, D) -> (B, 1, D), using and growing `cache`."""
+        x = self._post(x, self.self_attn.forward_step(self._pre(x, self.self_attn_norm), cache.self_kv),
+                       self.self_attn_norm)
+        if cache.cross_k is None:  # first step: the encoder-side K/V, once per sentence
+            cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
+        x = self._cross(x, cache.cross_k, cache.cross_v, memory_mask)
+        return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
+
+
+@dataclass
+class EncoderOut:
+    """Encoder output: out (B, S, D) and padding_mask (B, S) bool, True = pad."""
+
+    out: Tensor
+    padding_mask: Tensor
+
+    @property
+    def attn_mask(self) -> Tensor:
+        """(B, 1, 1, S) bool, True = a real source token (may be attended)."""
+        return ~self.padding_mask[:, None, None, :]
+
+    def index_select(self, new_order: Tensor) -> "EncoderOut":
+        """A new EncoderOut whose row i is old row new_order[i] (beam expansion/reordering)."""
+        return EncoderOut(self.out.index_select(0, new_order),
+                          self.padding_mask.index_select(0, new_order))
+
+
+class LayerCache:
+    """One decoder layer's incremental state: self-attention K/V and encoder-side K/V."""
+
+    def __init__(self, capacity: int | None):
+        self.self_kv = KVCache(capacity)
+        self.cross_k: Tensor | None = None  # (B, h, S, d_k)
+        self.cross_v: Tensor | None = None  # (B, h, S, d_v)
+
+
+class DecoderCache:
+    """Incremental decoding state of the whole decoder (one LayerCache per layer).
+
+    `length` is the number of target positions decoded so far; it gives the next position.
+    """
+
+    def __init__(self, num_layers: int, capacity: int | None = None):
+        self.layers = [LayerCache(capacity) for _ in range(num_layers)]
+        self.length = 0
+
+    def index_select(self, new_order: Tensor, include_encoder: bool = True) -> None:
+        """Reorder/keep batch rows in place: row i becomes old row new_order[i].
+
+        include_encoder=False leaves the encoder-side K/V alone: beam search may pass it when the
+        batch size is unchanged and new_order only moves rows among the beams of one sentence
+        (those rows hold identical encoder K/V), saving a copy per layer and step.
+        """
+        for lc in self.layers:
+            lc.self_kv.index_select(new_order)
+            if include_encoder and lc.cross_k is not None:
+                lc.cross_k = lc.cross_k.index_select(0, new_order)
+                lc.cross_v = lc.cross_v.index_select(0, new_order)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer. See docs/internals.md for the interface, docs/model.md for why."""
+
+    def __init__(self, cfg: ArchConfig, src_vocab_size: int, tgt_vocab_size: int, pad_idx: int = 0):
+        super().__init__()
+        cfg.validate()
+        if src_vocab_size <= pad_idx or tgt_vocab_size <= pad_idx:
+            raise UserError(f"vocabulary sizes ({src_vocab_size}, {tgt_vocab_size}) must exceed "
+                            f"the padding index {pad_idx}")
+        if cfg.share_embeddings == "all" and src_vocab_size != tgt_vocab_size:
+            raise UserError(
+                f"--share-embeddings all needs one joint vocabulary, but the source has "
+                f"{src_vocab_size} symbols and the target {tgt_vocab_size} (preprocess with "
+                f"--joined-dictionary, or use --share-embeddings decoder / none)"
+            )
+        self.cfg, self.pad_idx = cfg, pad_idx
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        d = cfg.d_model
+        self.embed_scale = math.sqrt(d)
+
+        self.tgt_embed = self._embedding(tgt_vocab_size, d, pad_idx)
+        self.src_embed = (self.tgt_embed if cfg.share_embeddings == "all"
+                          else self._embedding(src_vocab_size, d, pad_idx))
+        self.out_proj = nn.Linear(d, tgt_vocab_size, bias=False)
+        if cfg.share_embeddings in ("all", "decoder"):
+            self.out_proj.weight = self.tgt_embed.weight
+        else:
+            nn.init.normal_(self.out_proj.weight, mean=0.0, std=d**-0.5)
+
+        self.src_pos = PositionalEncoding(cfg.max_source_positions, d, cfg.learned_pos, "source")
+        self.tgt_pos = PositionalEncoding(cfg.max_target_positions, d, cfg.learned_pos, "target")
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm leaves the residual stream unnormalized: one final LayerNorm per stack.
+        self.encoder_norm = nn.LayerNorm(d) if cfg.normalize_before else None
+        self.decoder_norm = nn.LayerNorm(d) if cfg.normalize_before else None
+
+    @staticmethod
+    def _embedding(vocab: int, d: int, pad_idx: int) -> nn.Embedding:
+        emb = nn.Embedding(vocab, d, padding_idx=pad_idx)
+        # N(0, d^-1/2): after the sqrt(d) scaling the embeddings have unit variance, and as the
+        # (shared) output projection the initial logits stay O(1) (tensor2tensor, fairseq).
+        nn.init.normal_(emb.weight, mean=0.0, std=d**-0.5)
+        with torch.no_grad():
+            emb.weight[pad_idx].zero_()
+        return emb
+
+    @property
+    def max_source_positions(self) -> int:
+        return self.cfg.max_source_positions
+
+    @property
+    def max_target_positions(self) -> int:
+        return self.cfg.max_target_positions
+
+    # ---- encoder -------------------------------------------------------------------------------
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        """src_tokens (B, S) long, right-padded with pad_idx -> EncoderOut."""
+        padding_mask = src_tokens.eq(self.pad_idx)  # (B, S) True = pad
+        attn_mask = ~padding_mask[:, None, None, :]  # (B, 1, 1, S) True = attend
+        x = self.src_embed(src_tokens) * self.embed_scale + self.src_pos(src_tokens.size(1))
+        x = F.dropout(x, self.cfg.dropout, self.training)  # (B, S, D)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return EncoderOut(x, padding_mask)
+
+    # ---- decoder -------------------------------------------------------------------------------
+    def output_logits(self, h: Tensor) -> Tensor:
+        """Pre-softmax projection: h (B, T, D) -> logits (B, T, V_tgt)."""
+        return self.out_proj(h)
+
+    def decode(self, prev_output_tokens: Tensor, enc: EncoderOut) -> Tensor:
+        """Teacher-forced decoder: prev_output_tokens (B, T) -> logits (B, T, V_tgt)."""
+        x = self.tgt_embed(prev_output_tokens) * self.embed_scale
+        x = x + self.tgt_pos(prev_output_tokens.size(1))
+        x = F.dropout(x, self.cfg.dropout, self.training)  # (B, T, D)
+        mask = enc.attn_mask
+        for layer in self.decoder_layers:
+            x = layer(x, enc.out, mask)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.output_logits(x)
+
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
+        """(B, S) long, (B, T) long -> logits (B, T, V_tgt) (in the autocast dtype, if any)."""
+        return self.decode(prev_output_tokens, self.encode(src_tokens))
+
+    # ---- incremental decoding ------------------------------------------------------------------
+    def new_cache(self, max_len: int | None = None) -> DecoderCache:
+        """An empty decoding state. max_len (optional): allocate K/V for that many steps at once."""
+        return DecoderCache(len(self.decoder_layers), max_len)
+
+    def decode_step(self, prev_tokens_last: Tensor, enc: EncoderOut, cache: DecoderCache) -> Tensor:
+        """The newest target token (B, 1) -> logits for the next one (B, 1, V_tgt); grows cache.
+
+        The token's position is `cache.length` (0 for the first input, <s>). enc and cache must
+        have been reordered with the same new_order.
+        """
+        pos = cache.length
+        x = self.tgt_embed(prev_tokens_last) * self.embed_scale + self.tgt_pos(1, offset=pos)
+        x = F.dropout(x, self.cfg.dropout, self.training)  # (B, 1, D)
+        mask = enc.attn_mask
+        for layer, lc in zip(self.decoder_layers, cache.layers):
+            x = layer.forward_step(x, enc.out, mask, lc)
+        cache.length += 1
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.output_logits(x)
+
+
+def count_parameters(cfg: ArchConfig, src_vocab_size: int, tgt_vocab_size: int | None = None) -> int:
+    """Number of distinct parameters (tied matrices counted once), without allocating them."""
+    tgt = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
+    if cfg.share_embeddings == "all" and tgt != src_vocab_size:
+        raise UserError("share_embeddings 'all' needs equal source and target vocabulary sizes")
+    with torch.device("meta"):
+        model = Transformer(cfg, src_vocab_size, tgt)
+    return sum(p.numel() for p in model.parameters())
