@@ -257,16 +257,33 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _accumulate(total: dict[str, torch.Tensor] | None, weights: dict, name: str, first_name: str) -> dict:
+def _aliases(weights: dict[str, torch.Tensor]) -> dict[str, str]:
+    """{key: earlier key} for entries that are views of the same memory (tied embeddings)."""
+    seen: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for k, v in weights.items():
+        ident = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()), v.dtype)
+        if v.numel() and ident in seen:
+            out[k] = seen[ident]
+        else:
+            seen[ident] = k
+    return out
+
+
+def _accumulate(total: dict[str, torch.Tensor] | None, weights: dict, name: str, first_name: str,
+                skip: dict[str, str]) -> dict:
     if total is None:
         total = {}
         for k, v in weights.items():
-            total[k] = v.to(torch.float64).clone() if v.is_floating_point() else v.clone()
+            if k not in skip:
+                total[k] = v.to(torch.float64).clone() if v.is_floating_point() else v.clone()
         return total
-    if set(weights) != set(total):
-        missing = sorted(set(total) ^ set(weights))[:3]
+    if set(weights) != set(total) | set(skip):
+        missing = sorted((set(total) | set(skip)) ^ set(weights))[:3]
         raise UserError(f"{name}: parameters differ from {first_name} ({', '.join(missing)} ...)")
     for k, v in weights.items():
+        if k in skip:
+            continue
         acc = total[k]
         if acc.shape != v.shape:
             raise UserError(f"{name}: parameter {k} has shape {tuple(v.shape)} but {first_name} has {tuple(acc.shape)}")
@@ -297,18 +314,22 @@ def average_checkpoints(paths: Iterable[str | os.PathLike]) -> dict:
     ema_dtypes: dict[str, torch.dtype] = {}
     all_ema = True
     last: dict = {}
+    aliases: dict[str, str] = {}
+    ema_aliases: dict[str, str] = {}
     for p in paths:
         state = load_checkpoint(p)
         if first is None:
             first = {"arch": state["arch"], "arch_config": state["arch_config"],
                      "dictionaries": state.get("dictionaries") or {}, "name": str(p)}
             dtypes = {k: v.dtype for k, v in state["model"].items()}
+            aliases = _aliases(state["model"])
+            ema_aliases = _aliases(state["ema"]) if state.get("ema") is not None else {}
         else:
             if state["arch"] != first["arch"] or config_differences(state["arch_config"], first["arch_config"]):
                 _refuse_arch(p, state, first)
             check_same_dictionaries(state, str(p), first["dictionaries"],
                                     f"only checkpoints trained on the same dictionaries as {first['name']} can be averaged")
-        model_sum = _accumulate(model_sum, state["model"], str(p), first["name"])
+        model_sum = _accumulate(model_sum, state["model"], str(p), first["name"], aliases)
         ema = state.get("ema")
         if ema is None:
             all_ema = False
@@ -316,18 +337,20 @@ def average_checkpoints(paths: Iterable[str | os.PathLike]) -> dict:
         elif all_ema:
             if not ema_dtypes:
                 ema_dtypes = {k: v.dtype for k, v in ema.items()}
-            ema_sum = _accumulate(ema_sum, ema, str(p), first["name"])
+            ema_sum = _accumulate(ema_sum, ema, str(p), first["name"], ema_aliases)
         last = state
         del state
     n = len(paths)
 
-    def finish(total: dict, types: dict) -> dict:
-        return {k: (v / n).to(types[k]) if v.is_floating_point() else v for k, v in total.items()}
+    def finish(total: dict, types: dict, alias: dict[str, str], order: list[str]) -> dict:
+        mean = {k: (v / n).to(types[k]) if v.is_floating_point() else v for k, v in total.items()}
+        # tied entries point at one tensor again, so the file stores it once
+        return {k: mean[alias.get(k, k)] for k in order}
 
     out = inference_state(last)
-    out["model"] = finish(model_sum, dtypes)
+    out["model"] = finish(model_sum, dtypes, aliases, list(dtypes))
     if all_ema and ema_sum is not None:
-        out["ema"] = finish(ema_sum, ema_dtypes)
+        out["ema"] = finish(ema_sum, ema_dtypes, ema_aliases, list(ema_dtypes))
     else:
         out.pop("ema", None)
     out["averaged_from"] = [p.name for p in paths]

@@ -179,3 +179,18 @@ def test_check_same_model(tmp_path):
         ck.check_same_model(s, "x", arch="big", arch_config=CFG, dictionaries=DICTS)
     with pytest.raises(UserError, match="another src dictionary"):
         ck.check_same_model(s, "x", arch="tiny", arch_config=CFG, dictionaries={**DICTS, "src_sha256": "z"})
+
+
+def test_average_keeps_tied_weights_tied(tmp_path):
+    def tied(v):
+        w = torch.full((3, 2), v)
+        return {"arch": "t", "arch_config": CFG, "dictionaries": DICTS, "update": 1, "epoch": 1,
+                "model": {"src_embed.weight": w, "tgt_embed.weight": w, "out_proj.weight": w, "b": torch.zeros(2)}}
+
+    a, b = write(tmp_path, "a.pt", tied(1.0)), write(tmp_path, "b.pt", tied(3.0))
+    out = ck.average_checkpoints([a, b])
+    assert out["model"]["src_embed.weight"].tolist() == [[2.0, 2.0]] * 3
+    assert out["model"]["src_embed.weight"] is out["model"]["out_proj.weight"] is out["model"]["tgt_embed.weight"]
+    ck.save_checkpoint(out, tmp_path / "avg.pt")
+    back = ck.load_checkpoint(tmp_path / "avg.pt")["model"]
+    assert back["src_embed.weight"].untyped_storage().data_ptr() == back["out_proj.weight"].untyped_storage().data_ptr()

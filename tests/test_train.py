@@ -61,7 +61,7 @@ def _one_thread():
 
 def test_loss_falls_and_log_and_checkpoints(data_dir, tmp_path):
     res = T.train(config(data_dir, tmp_path / "run", max_update=40, lr=5e-3, save_interval_updates=20,
-                         keep_last_updates=1, arch_overrides={"dropout": 0.0}))
+                         keep_last_updates=1, arch_overrides={"dropout": 0.0}, eval_bleu=True, ema_decay=0.5))
     assert res.reason == "max_update" and res.update == 40
     first, last = res.losses[0], sum(res.losses[-5:]) / 5
     assert last < first - 1.0, res.losses  # bits per token
@@ -73,11 +73,20 @@ def test_loss_falls_and_log_and_checkpoints(data_dir, tmp_path):
     train = [r for r in recs if r["type"] == "train"]
     assert [r["update"] for r in train] == list(range(1, 41))
     assert all(r["tgt_tok_per_s"] > 0 and r["ppl"] == pytest.approx(2 ** r["nll_loss"]) for r in train)
-    assert any(r["type"] == "valid" for r in recs) and recs[-1]["type"] == "end"
+    valid = [r for r in recs if r["type"] == "valid"]
+    assert valid and recs[-1]["type"] == "end"
+    assert all(0 <= r["bleu"] <= 100 and r["weights"] == "ema" for r in valid)
     state = ck.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
     assert state["update"] == 40 and state["arch"] == "transformer_tiny"
     assert state["train"]["data_position"]["world_size"] == 1
     assert len(state["dictionaries"]["src_sha256"]) == 64 and state["data_manifest_id"]
+    assert set(state["ema"]) == set(state["model"])
+    assert not torch.equal(state["ema"]["tgt_embed.weight"], state["model"]["tgt_embed.weight"])
+    # the curves of this run
+    from nmtkit.training.plot import plot_training
+
+    png = plot_training(tmp_path / "run")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_resume_is_bit_identical(data_dir, tmp_path):

@@ -1,0 +1,87 @@
+"""Training curves from SAVE_DIR/train_log.jsonl as one PNG (`nmtkit plot`).
+
+Four panels over the update number: loss (bits per target token: train with and without label
+smoothing, validation without), perplexity (log scale, train and validation), learning rate, and
+validation BLEU when the run used --eval-bleu (target tokens/s otherwise). matplotlib is an
+optional dependency (`pip install 'nmtkit[plot]'`); training never imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nmtkit.errors import UserError
+from nmtkit.io import atomic_write
+from nmtkit.training.report import read_log
+
+LOG_NAME = "train_log.jsonl"
+
+
+def _num(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def plot_training(save_dir: str | os.PathLike, output: str | os.PathLike | None = None) -> Path:
+    """Write the curves of SAVE_DIR's train log to `output` (default SAVE_DIR/train_curves.png)."""
+    save_dir = Path(save_dir)
+    log = save_dir / LOG_NAME if save_dir.is_dir() else save_dir
+    if not log.is_file():
+        raise UserError(f"no training log: {log} not found (is {save_dir} an 'nmtkit train --save-dir'?)")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("nmtkit plot needs matplotlib: pip install 'nmtkit[plot]' (or pip install matplotlib)") from None
+    recs = read_log(log)
+    train = [r for r in recs if r.get("type") == "train"]
+    valid = [r for r in recs if r.get("type") == "valid"]
+    if not train and not valid:
+        raise UserError(f"{log}: no train or valid records to plot yet")
+    out = Path(output) if output else (log.parent / "train_curves.png")
+
+    def series(rs, key):
+        return [r["update"] for r in rs], [_num(r.get(key)) for r in rs]
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), constrained_layout=True)
+    ax = axes[0][0]
+    ax.plot(*series(train, "loss"), label="train loss (label-smoothed)", lw=1)
+    ax.plot(*series(train, "nll_loss"), label="train nll", lw=1)
+    if valid:
+        ax.plot(*series(valid, "nll_loss"), "o-", label="valid nll", ms=3)
+    ax.set_ylabel("bits / target token")
+    ax.set_title("loss")
+    ax.legend()
+    ax = axes[0][1]
+    ax.plot(*series(train, "ppl"), label="train ppl", lw=1)
+    if valid:
+        ax.plot(*series(valid, "ppl"), "o-", label="valid ppl", ms=3)
+    ax.set_yscale("log")
+    ax.set_title("perplexity")
+    ax.legend()
+    ax = axes[1][0]
+    ax.plot(*series(train, "lr"), lw=1)
+    ax.set_title("learning rate")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    ax = axes[1][1]
+    bleu = [r for r in valid if "bleu" in r]
+    if bleu:
+        ax.plot(*series(bleu, "bleu"), "o-", ms=3)
+        ax.set_title("validation BLEU (sacreBLEU)")
+    else:
+        ax.plot(*series(train, "tgt_tok_per_s"), lw=1)
+        ax.set_title("target tokens / s")
+    for row in axes:
+        for a in row:
+            a.set_xlabel("update")
+            a.grid(alpha=0.3)
+    fig.suptitle(str(save_dir))
+    with atomic_write(out, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=100)
+    plt.close(fig)
+    return out
