@@ -25,6 +25,7 @@ Definitions used throughout (see docs/generate.md):
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -114,22 +115,36 @@ class _Ensemble:
         if len(models) == 0:
             raise ValueError("need at least one model")
         self.models = list(models)
+        # Optional extensions of the interface (nmtkit's Transformer has both): preallocating the
+        # self-attention K/V for the whole output, and skipping the copy of the encoder-side K/V
+        # when rows only move among the beams of one sentence (those rows are identical).
+        self._prealloc = [_accepts(m.new_cache, "max_len") for m in self.models]
+        self._skip_enc: list[bool | None] = [None] * len(self.models)
 
     def encode(self, src_tokens: torch.Tensor) -> list:
         return [m.encode(src_tokens) for m in self.models]
 
-    def new_cache(self) -> list:
-        return [m.new_cache() for m in self.models]
+    def new_cache(self, max_len: int | None = None) -> list:
+        return [
+            m.new_cache(max_len=max_len) if pre and max_len else m.new_cache()
+            for m, pre in zip(self.models, self._prealloc)
+        ]
 
     @staticmethod
     def select_enc(encs: list, order: torch.Tensor) -> list:
         return [e.index_select(order) for e in encs]
 
-    @staticmethod
-    def select_cache(caches: list, order: torch.Tensor) -> list:
+    def select_cache(self, caches: list, order: torch.Tensor, within_sentences: bool = False) -> list:
+        """Reorder caches: row i <- old row order[i]. within_sentences: order only permutes rows
+        among the beams of each sentence (same batch size)."""
         out = []
-        for c in caches:
-            r = c.index_select(order)
+        for i, c in enumerate(caches):
+            if self._skip_enc[i] is None:
+                self._skip_enc[i] = _accepts(c.index_select, "include_encoder")
+            if within_sentences and self._skip_enc[i]:
+                r = c.index_select(order, include_encoder=False)
+            else:
+                r = c.index_select(order)
             # Accept both in-place (returns None) and functional cache implementations.
             out.append(c if r is None else r)
         return out
@@ -144,6 +159,13 @@ class _Ensemble:
         if len(self.models) > 1:
             lp.div_(len(self.models))
         return lp
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,7 +291,7 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     encs = ens.encode(src_tokens)
     rows = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,)
     encs = ens.select_enc(encs, rows)
-    caches = ens.new_cache()
+    caches = ens.new_cache(T + 1)  # decoder inputs: <s> and up to T tokens
 
     tokens = torch.full((B * K, T + 2), cfg.pad, dtype=torch.long, device=device)  # <s> y1 .. y_{T+1}
     tokens[:, 0] = cfg.bos
@@ -338,7 +360,8 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
             kth = fin_scores[:, cfg.nbest - 1]
             done |= torch.isfinite(kth) & (kth >= bound)
 
-        if bool(done.any()):
+        dropped = bool(done.any())
+        if dropped:
             for i in done.nonzero().view(-1).tolist():
                 b = int(sent_ids[i])
                 hyps = []
@@ -366,7 +389,7 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
             min_len = min_len.index_select(0, keep)
             sent_ids = sent_ids.index_select(0, keep)
         # Reorder every model's cache once per step: beam reordering and dropped sentences.
-        caches = ens.select_cache(caches, order)
+        caches = ens.select_cache(caches, order, within_sentences=not dropped)
 
     return results
 
@@ -416,7 +439,7 @@ def _independent_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchCon
     encs = ens.encode(src_tokens)
     if S > 1:
         encs = ens.select_enc(encs, torch.arange(B, device=device).repeat_interleave(S))
-    caches = ens.new_cache()
+    caches = ens.new_cache(T + 1)
 
     tokens = torch.full((N, T + 2), cfg.pad, dtype=torch.long, device=device)
     tokens[:, 0] = cfg.bos
