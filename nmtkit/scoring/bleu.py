@@ -241,7 +241,8 @@ def _prepare(key: str, hyps: Sequence[str], refs: Sequence[Sequence[str]], opts:
         try:
             metric = BLEU(lowercase=opts.lowercase, tokenize=opts.tokenize)
         except (ImportError, RuntimeError, OSError) as e:
-            raise UserError(f"--tokenize {opts.tokenize}: sacreBLEU cannot use this tokenizer here: {e}") from None
+            reason = " ".join(str(e).split())  # sacrebleu's messages span several lines
+            raise UserError(f"--tokenize {opts.tokenize}: sacreBLEU cannot use this tokenizer here: {reason}") from None
         return _Prepared(key, metric, list(hyps), [list(r) for r in refs])
     if key == "chrf":
         return _Prepared(key, CHRF(lowercase=opts.lowercase), list(hyps), [list(r) for r in refs])
