@@ -16,6 +16,7 @@ from nmtkit.errors import UserError
 
 # Each subcommand module registers its command on `app` when imported.
 # (Add one line per subcommand; keep the list in the order of the pipeline.)
+from nmtkit.cli import preprocess  # noqa: F401,E402
 from nmtkit.cli import archs  # noqa: F401,E402
 from nmtkit.cli import train  # noqa: F401,E402
 from nmtkit.cli import average_checkpoints  # noqa: F401,E402

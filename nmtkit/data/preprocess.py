@@ -1,0 +1,719 @@
+"""The `nmtkit preprocess` pipeline: raw parallel text -> subword model, dictionaries, shards.
+
+Why it is built this way:
+- Streaming: every pass reads the corpus in blocks and writes shards as it goes; what stays in
+  memory is the dictionary, the subword model and a few chunks in flight, never the corpus.
+- One encoding pass over the training text: sentences are written with provisional ids (the
+  subword library's own ids, or first-seen order for string tokens) while tokens are counted;
+  once the dictionary is known, a cheap vectorized pass maps the provisional ids to dictionary ids.
+  Encoding twice (count, then binarize, as fairseq does) would halve throughput.
+- Parallel and deterministic: `workers` processes encode chunks of a fixed size; results are
+  consumed strictly in input order, so the output does not depend on the number of workers.
+- Never half-written: everything goes into a hidden temporary directory beside DESTDIR, the
+  manifest (the completion marker) is written last, and the directory is renamed into place only
+  then; a previous DESTDIR is moved aside and deleted only after the new one is in place.
+
+Entry points: `PreprocessConfig`, `preprocess(cfg)`; for the data directory's parts see
+nmtkit.data.manifest (`load_manifest`, `load_dictionaries`, `subword_model_path`, `verify_files`),
+nmtkit.data.shards.load_split and nmtkit.data.subwords.load_subword_model (re-exported here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from nmtkit import __version__
+from nmtkit.data import subwords
+from nmtkit.data.dictionary import Dictionary
+from nmtkit.data.manifest import (  # noqa: F401  (re-exported: the data-dir API lives with the pipeline)
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    dictionary_path,
+    load_dictionaries,
+    load_manifest,
+    sha256_file,
+    subword_model_path,
+    verify_files,
+    write_manifest,
+)
+from nmtkit.data.shards import ShardInfo, ShardSetWriter, dtype_for_vocab, load_split  # noqa: F401
+from nmtkit.data.subwords import load_subword_model  # noqa: F401
+from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, iter_line_chunks, scan_text_file
+from nmtkit.errors import UserError
+from nmtkit.io import resolve_text_path
+
+CHUNK_LINES = 4096  # sentence pairs per encoding job; fixed, so output never depends on workers
+SAMPLE_SEED = 1  # seeds the reproducible sample of lines that sentencepiece learns from
+CLEAN_REASONS = ("empty", "too_long", "too_short", "ratio")
+REMAP_CHUNK = 1 << 22  # tokens per block when mapping provisional ids to dictionary ids
+
+
+@dataclass
+class PreprocessConfig:
+    """Everything `nmtkit preprocess` needs; field names follow the flags (docs/preprocess.md)."""
+
+    source_lang: str
+    target_lang: str
+    trainpref: str
+    destdir: str
+    validpref: list[str] = field(default_factory=list)  # several -> splits valid, valid1, ...
+    testpref: list[str] = field(default_factory=list)  # several -> splits test, test1, ...
+    bpe: str = "sentencepiece"
+    vocab_size: int = 8000  # sentencepiece
+    bpe_merges: int = 10000  # subword-nmt
+    joint_bpe: bool = True
+    spm_max_lines: int = 2_000_000  # lines sentencepiece learns from (reproducible sample)
+    joined_dictionary: bool = False
+    nwordssrc: int = -1
+    nwordstgt: int = -1
+    thresholdsrc: int = 0
+    thresholdtgt: int = 0
+    pad_to_multiple: int = 8
+    max_len: int = 250  # cleaning of train only, in subword tokens; 0 = no limit
+    min_len: int = 1
+    ratio: float = 9.0  # 0 = no ratio check
+    workers: int = 1
+    shard_size: int = 1_000_000  # sentences per shard
+    force: bool = False
+
+    def validate(self) -> None:
+        """Reject impossible settings with a UserError naming the flag."""
+        for flag, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
+            if not lang or any(c in lang for c in "/\\. \t") or lang.startswith("-"):
+                raise UserError(f"{flag} must be a short language code such as 'de', got {lang!r}")
+        if self.source_lang == self.target_lang:
+            raise UserError(f"--source-lang and --target-lang must differ, both are {self.source_lang!r}")
+        if self.bpe not in subwords.BPE_KINDS:
+            raise UserError(f"--bpe must be one of {', '.join(subwords.BPE_KINDS)}, got {self.bpe!r}")
+        checks = [
+            ("--vocab-size", self.vocab_size, 1),
+            ("--bpe-merges", self.bpe_merges, 0),
+            ("--spm-max-lines", self.spm_max_lines, 0),
+            ("--pad-to-multiple", self.pad_to_multiple, 1),
+            ("--max-len", self.max_len, 0),
+            ("--min-len", self.min_len, 0),
+            ("--workers", self.workers, 1),
+            ("--shard-size", self.shard_size, 1),
+            ("--thresholdsrc", self.thresholdsrc, 0),
+            ("--thresholdtgt", self.thresholdtgt, 0),
+        ]
+        for flag, value, lo in checks:
+            if value < lo:
+                raise UserError(f"{flag} must be >= {lo}, got {value}")
+        if self.ratio != 0 and self.ratio < 1:
+            raise UserError(f"--ratio must be 0 (off) or >= 1, got {self.ratio}")
+        if self.max_len and self.min_len > self.max_len:
+            raise UserError(f"--min-len {self.min_len} is larger than --max-len {self.max_len}")
+        if self.joined_dictionary and (self.nwordstgt != -1 or self.thresholdtgt != 0):
+            raise UserError("--nwordstgt/--thresholdtgt do not apply with --joined-dictionary (use --nwordssrc/--thresholdsrc)")
+
+    def output_options(self) -> dict:
+        """The options that determine the output (not where it goes or how fast it is made)."""
+        d = dataclasses.asdict(self)
+        for k in ("trainpref", "validpref", "testpref", "destdir", "workers", "force"):
+            d.pop(k)
+        return d
+
+
+@dataclass
+class PreprocessResult:
+    destdir: Path
+    manifest: dict
+    up_to_date: bool  # True: DESTDIR already held this exact dataset and was left as it was
+    timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# progress reporting (the CLI passes a rich Progress; the library works without one)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Task:
+    def __init__(self, progress, description: str, total: int | None):
+        self.p = progress
+        self.id = progress.add_task(description, total=total) if progress is not None else None
+
+    def advance(self, n: int) -> None:
+        if self.p is not None:
+            self.p.advance(self.id, n)
+
+    def finish(self) -> None:
+        if self.p is not None:
+            t = self.p.tasks[self.p.task_ids.index(self.id)]
+            self.p.update(self.id, total=t.completed)
+
+
+# ---------------------------------------------------------------------------------------------
+# encoding workers
+# ---------------------------------------------------------------------------------------------
+
+_MODELS: dict[str, subwords.SubwordModel] = {}  # per process: lang -> model
+
+
+def _init_models(kind: str, model_files: dict[str, str | None]) -> None:
+    _MODELS.clear()
+    for lang, path in model_files.items():
+        _MODELS[lang] = subwords.load_model_file(kind, path)
+
+
+def _encode_side(model: subwords.SubwordModel, lines: list[str]):
+    """(flat ids uint32, lengths int64, local vocab or None) for a list of lines.
+
+    sentencepiece gives its own ids (vocab None); string tokenizers give ids in first-seen order
+    within this chunk together with the list of those tokens, which the main process maps to
+    global ids. Flat arrays pickle far faster than lists of lists.
+    """
+    if isinstance(model, subwords.SentencePieceModel):
+        ids = model.encode_ids(lines)
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.uint32, count=int(lens.sum()))
+        return flat, lens, None
+    toks = model.encode_batch(lines)
+    lens = np.fromiter(map(len, toks), dtype=np.int64, count=len(toks))
+    vocab: dict[str, int] = {}
+    flat = np.fromiter(
+        (vocab.setdefault(t, len(vocab)) for t in chain.from_iterable(toks)), dtype=np.uint32, count=int(lens.sum())
+    )
+    return flat, lens, list(vocab)
+
+
+def _encode_job(job: tuple[tuple[str, list[str]], ...]):
+    return [_encode_side(_MODELS[lang], lines) for lang, lines in job]
+
+
+class _Encoder:
+    """Runs `_encode_job` in-process (workers=1) or in a pool, yielding results in input order
+    with a bounded number of jobs in flight (so memory does not grow with the corpus)."""
+
+    def __init__(self, kind: str, model_files: dict[str, str | None], workers: int):
+        self.workers = workers
+        self.pool = None
+        if workers == 1:
+            _init_models(kind, model_files)
+        else:
+            # spawn, not fork: the parent runs a progress-bar thread, and forking a threaded
+            # process can deadlock the child.
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kind, model_files))
+
+    def map(self, jobs: Iterator) -> Iterator:
+        if self.pool is None:
+            for job in jobs:
+                yield _encode_job(job)
+            return
+        pending: deque = deque()
+        for job in jobs:
+            pending.append(self.pool.apply_async(_encode_job, (job,)))
+            if len(pending) > 2 * self.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def close(self, ok: bool = True) -> None:
+        if self.pool is not None:
+            if ok:
+                self.pool.close()
+            else:
+                self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+        _MODELS.clear()
+
+
+def _pair_jobs(src: str, tgt: str, src_path: Path, tgt_path: Path) -> Iterator:
+    """Aligned chunks of both files as encoding jobs."""
+    it_s, it_t = iter_line_chunks(src_path, CHUNK_LINES), iter_line_chunks(tgt_path, CHUNK_LINES)
+    for a in it_s:
+        b = next(it_t, None)
+        if b is None or len(a) != len(b):
+            raise UserError(f"{src_path} and {tgt_path} changed while being read (line counts differ now)")
+        yield ((src, a), (tgt, b))
+    if next(it_t, None) is not None:
+        raise UserError(f"{src_path} and {tgt_path} changed while being read (line counts differ now)")
+
+
+# ---------------------------------------------------------------------------------------------
+# cleaning (train only)
+# ---------------------------------------------------------------------------------------------
+
+
+def clean_mask(src_lens: np.ndarray, tgt_lens: np.ndarray, min_len: int, max_len: int, ratio: float):
+    """Moses clean-corpus-n rules on token counts; returns (keep mask, {reason: dropped}).
+
+    A pair is dropped for the first reason that applies, in Moses' order: a side is empty; a side
+    is longer than max_len (0: no limit); a side is shorter than min_len; one side is more than
+    `ratio` times longer than the other (0: no check).
+    """
+    s, t = np.asarray(src_lens, np.int64), np.asarray(tgt_lens, np.int64)
+    empty = (s == 0) | (t == 0)
+    rest = ~empty
+    too_long = rest & ((s > max_len) | (t > max_len)) if max_len > 0 else np.zeros_like(rest)
+    rest &= ~too_long
+    too_short = rest & ((s < min_len) | (t < min_len))
+    rest &= ~too_short
+    bad_ratio = rest & ((s > ratio * t) | (t > ratio * s)) if ratio > 0 else np.zeros_like(rest)
+    rest &= ~bad_ratio
+    reasons = {
+        "empty": int(empty.sum()),
+        "too_long": int(too_long.sum()),
+        "too_short": int(too_short.sum()),
+        "ratio": int(bad_ratio.sum()),
+    }
+    return rest, reasons
+
+
+# ---------------------------------------------------------------------------------------------
+# the pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+def _split_names(kind: str, n: int) -> list[str]:
+    return [kind if i == 0 else f"{kind}{i}" for i in range(n)]
+
+
+def _resolve_inputs(cfg: PreprocessConfig) -> dict[str, tuple[str, dict[str, Path]]]:
+    """split name -> (flag, {lang: path}); missing files name the flag."""
+    out: dict[str, tuple[str, dict[str, Path]]] = {}
+    groups = [("train", "--trainpref", [cfg.trainpref]), ("valid", "--validpref", cfg.validpref),
+              ("test", "--testpref", cfg.testpref)]
+    for kind, flag, prefs in groups:
+        for name, pref in zip(_split_names(kind, len(prefs)), prefs):
+            paths = {}
+            for lang in (cfg.source_lang, cfg.target_lang):
+                try:
+                    paths[lang] = resolve_text_path(pref, f".{lang}")
+                except UserError as e:
+                    raise UserError(f"{flag} {pref}: {e}") from None
+            out[name] = (flag, paths)
+    return out
+
+
+def _fingerprint(options: dict, inputs: dict) -> str:
+    key = {"format_version": FORMAT_VERSION, "options": options,
+           "inputs": {s: {lang: info["sha256"] for lang, info in v.items()} for s, v in inputs.items()}}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _describe_difference(old: dict, options: dict, inputs: dict) -> str:
+    diffs = []
+    old_opts = old.get("options", {})
+    for k, v in options.items():
+        if old_opts.get(k) != v:
+            diffs.append(f"{k} {old_opts.get(k)!r} -> {v!r}")
+    old_inputs = {s: {lang: i.get("sha256") for lang, i in v.items()} for s, v in old.get("inputs", {}).items()}
+    new_inputs = {s: {lang: i["sha256"] for lang, i in v.items()} for s, v in inputs.items()}
+    if old_inputs != new_inputs:
+        diffs.insert(0, "other input files")
+    return ", ".join(diffs[:4]) + (" ..." if len(diffs) > 4 else "") if diffs else "different build"
+
+
+def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]], force: bool) -> dict | None:
+    """Refuse dangerous or occupied destinations early; return the manifest already there, if any."""
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"--destdir {dest} exists and is not a directory")
+    rdest = dest.resolve()
+    cwd = Path.cwd().resolve()
+    if rdest == cwd or rdest in cwd.parents or rdest == Path.home().resolve():
+        raise UserError(f"--destdir {dest} is the current directory, one of its parents or your home; "
+                        "choose a directory of its own")
+    for _, paths in inputs.values():
+        for p in paths.values():
+            if rdest in p.resolve().parents:
+                raise UserError(f"--destdir {dest} contains the input file {p}; choose another directory")
+    if not dest.is_dir() or not any(dest.iterdir()):
+        return None
+    try:
+        return load_manifest(dest)
+    except UserError as e:
+        if force:
+            return None
+        raise UserError(f"--destdir {dest} is not empty and holds no complete nmtkit dataset ({e}); "
+                        "pass --force to replace it") from None
+
+
+def _apply_umask(tmp: Path) -> None:
+    """mkdtemp/mkstemp create private (0700/0600) entries; give the result the usual permissions."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)
+    for p in tmp.iterdir():
+        os.chmod(p, 0o666 & ~mask)
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """Move the finished `tmp` to `dest`; an old `dest` is deleted only once the new one is there."""
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(dest, old)
+        try:
+            os.rename(tmp, dest)
+        except BaseException:
+            os.rename(old, dest)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, dest)
+    fd = os.open(dest.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], None] | None = None) -> PreprocessResult:
+    """Build (or find up to date) the data directory `cfg.destdir`. See module docstring."""
+    log = log or (lambda msg: None)
+    cfg.validate()
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    dest = Path(cfg.destdir)
+    inputs = _resolve_inputs(cfg)
+    existing = _check_destination(dest, inputs, cfg.force)
+
+    # 1. check every input before anything is written: UTF-8, line counts, checksums
+    total_bytes = sum(p.stat().st_size for _, paths in inputs.values() for p in paths.values())
+    task = _Task(progress, "checking inputs", total_bytes)
+    infos: dict[str, dict[str, TextFileInfo]] = {}
+    for split, (flag, paths) in inputs.items():
+        infos[split] = {}
+        for lang, p in paths.items():
+            infos[split][lang] = scan_text_file(p)
+            task.advance(p.stat().st_size)
+        a, b = (infos[split][lang] for lang in (cfg.source_lang, cfg.target_lang))
+        if a.lines != b.lines:
+            raise UserError(f"{flag}: line counts differ: {a.path} has {a.lines} lines, {b.path} has {b.lines} lines")
+        if a.lines == 0:
+            raise UserError(f"{flag}: {a.path} and {b.path} are empty")
+    task.finish()
+    timings["check"] = time.perf_counter() - t0
+    log(f"checked {sum(len(v) for v in infos.values())} input files ({total_bytes / 1e6:,.1f} MB): "
+        f"{infos['train'][cfg.source_lang].lines:,} training pairs ({timings['check']:.1f}s)")
+    inputs_json = {s: {lang: i.as_json() for lang, i in v.items()} for s, v in infos.items()}
+    options = cfg.output_options()
+    fingerprint = _fingerprint(options, inputs_json)
+
+    if existing is not None and not cfg.force:
+        if existing.get("fingerprint") != fingerprint:
+            raise UserError(f"--destdir {dest} already holds a different dataset "
+                            f"({_describe_difference(existing, options, inputs_json)}); pass --force to replace it")
+        try:
+            verify_files(dest, existing)
+        except UserError as e:
+            raise UserError(f"--destdir {dest} holds this dataset but it is damaged: {e}; "
+                            "pass --force to rebuild it") from None
+        log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
+        return PreprocessResult(dest, existing, True, timings)
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    try:
+        manifest = _build(cfg, tmp, inputs, infos, progress, log, timings)
+        manifest.update(
+            fingerprint=fingerprint,
+            inputs=inputs_json,
+            options=dataclasses.asdict(cfg) | {"destdir": str(dest)},
+        )
+        write_manifest(tmp, manifest)  # last: its presence marks the directory complete
+        _apply_umask(tmp)
+        _install(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    timings["total"] = time.perf_counter() - t0
+    return PreprocessResult(dest, manifest, False, timings)
+
+
+def _learn_lines(paths: list[tuple[Path, int]], max_lines: int, task: _Task) -> Iterator[str]:
+    """The non-empty lines of `paths`; a reproducible Bernoulli sample of about `max_lines` of
+    them when there are more (sentencepiece's own sampler is not seeded)."""
+    total = sum(n for _, n in paths)
+    p = 1.0 if max_lines <= 0 or total <= max_lines else max_lines / total
+    rng = np.random.default_rng(SAMPLE_SEED)
+    for path, _ in paths:
+        for block in iter_line_blocks(path):
+            task.advance(len(block))
+            if p < 1.0:
+                keep = np.flatnonzero(rng.random(len(block)) < p)
+                block = [block[i] for i in keep]
+            for line in block:
+                if line and not line.isspace():
+                    yield line
+
+
+def _learn_subwords(cfg, tmp: Path, inputs, infos, progress, log) -> dict:
+    """Learn the subword model(s) on the training text; return the manifest's "subword" entry."""
+    src, tgt = cfg.source_lang, cfg.target_lang
+    train = inputs["train"][1]
+    entry: dict = {"kind": cfg.bpe, "joint": cfg.joint_bpe if cfg.bpe != "none" else None, "files": {}}
+    if cfg.bpe == "none":
+        entry["files"] = {src: None, tgt: None}
+        return entry
+    groups = [(None, [src, tgt])] if cfg.joint_bpe else [(src, [src]), (tgt, [tgt])]
+    for model_lang, langs in groups:
+        name = subwords.model_filename(cfg.bpe, model_lang)
+        files = [(train[lang], infos["train"][lang].lines) for lang in langs]
+        what = f"{'+'.join(langs)}"
+        if cfg.bpe == "sentencepiece":
+            task = _Task(progress, f"learning sentencepiece ({what})", sum(n for _, n in files))
+            proto = subwords.learn_sentencepiece(_learn_lines(files, cfg.spm_max_lines, task), cfg.vocab_size)
+            task.finish()
+            (tmp / name).write_bytes(proto)
+            size = subwords.SentencePieceModel(model_proto=proto).sp.get_piece_size()
+            entry["vocab_size"] = cfg.vocab_size
+            log(f"learned sentencepiece model {name} ({size} pieces) on {what}")
+        else:
+            task = _Task(progress, f"learning subword-nmt ({what})", sum(n for _, n in files))
+            counts: Counter = Counter()
+            for path, _ in files:
+                for block in iter_line_blocks(path):
+                    subwords.count_words(block, counts)
+                    task.advance(len(block))
+            codes = subwords.learn_subword_nmt(counts, cfg.bpe_merges)
+            task.finish()
+            (tmp / name).write_text(codes, encoding="utf-8")
+            entry["merges"] = cfg.bpe_merges
+            log(f"learned subword-nmt codes {name} ({codes.count(chr(10)) - 1} merges) on {what}")
+        for lang in langs:
+            entry["files"][lang] = name
+    return entry
+
+
+def _grow_add(acc: np.ndarray, new: np.ndarray) -> np.ndarray:
+    if len(new) > len(acc):
+        acc = np.concatenate([acc, np.zeros(len(new) - len(acc), np.int64)])
+    acc[: len(new)] += new
+    return acc
+
+
+def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
+    src, tgt = cfg.source_lang, cfg.target_lang
+    langs = (src, tgt)
+    files: dict[str, str] = {}  # file name -> sha256
+
+    # 2. subword model(s)
+    t = time.perf_counter()
+    sub = _learn_subwords(cfg, tmp, inputs, infos, progress, log)
+    for name in set(n for n in sub["files"].values() if n):
+        files[name] = sha256_file(tmp / name)
+    model_files = {lang: (str(tmp / n) if n else None) for lang, n in sub["files"].items()}
+    timings["learn"] = time.perf_counter() - t
+
+    spm_mode = cfg.bpe == "sentencepiece"
+    encoder = _Encoder(cfg.bpe, model_files, cfg.workers)
+    ok = False
+    try:
+        # 3. encode the training text once: provisional ids + counts, cleaning as we go
+        t = time.perf_counter()
+        train_paths = inputs["train"][1]
+        n_train = infos["train"][src].lines
+        task = _Task(progress, "encoding train", n_train)
+        writers = {lang: ShardSetWriter(tmp, "train", lang, np.dtype("<u4"), cfg.shard_size, suffix=".prov")
+                   for lang in langs}
+        counts = {lang: np.zeros(0, np.int64) for lang in langs}
+        gvocab: dict[str, int] = {}  # string tokens -> provisional id (shared by both languages)
+        dropped = Counter({r: 0 for r in CLEAN_REASONS})
+        for res in encoder.map(_pair_jobs(src, tgt, train_paths[src], train_paths[tgt])):
+            (fs, ls, vs), (ft, lt, vt) = res
+            if not spm_mode:
+                fs = _globalize(fs, vs, gvocab)
+                ft = _globalize(ft, vt, gvocab)
+            keep, reasons = clean_mask(ls, lt, cfg.min_len, cfg.max_len, cfg.ratio)
+            dropped.update(reasons)
+            if not keep.all():
+                fs, ls = fs[np.repeat(keep, ls)], ls[keep]
+                ft, lt = ft[np.repeat(keep, lt)], lt[keep]
+            for lang, f, lens in ((src, fs, ls), (tgt, ft, lt)):
+                counts[lang] = _grow_add(counts[lang], np.bincount(f))
+                writers[lang].add(f, lens)
+            task.advance(len(keep))
+        task.finish()
+        prov = {lang: writers[lang].close() for lang in langs}
+        kept = sum(s.sentences for s in prov[src])
+        if kept == 0:
+            raise UserError(f"--trainpref {cfg.trainpref}: no sentence pair left after cleaning "
+                            f"(dropped: {_reasons_text(dropped)}); check --min-len/--max-len/--ratio")
+        timings["encode_train"] = time.perf_counter() - t
+        log(f"encoded train: {n_train:,} pairs in {timings['encode_train']:.1f}s "
+            f"({n_train / max(timings['encode_train'], 1e-9):,.0f} pairs/s); kept {kept:,}, "
+            f"cleaning dropped {sum(dropped.values()):,} ({_reasons_text(dropped)})")
+
+        # 4. dictionaries from the counts
+        if spm_mode:
+            tokens = {lang: _spm_pieces(model_files[lang]) for lang in langs}
+        else:
+            tokens = {lang: list(gvocab) for lang in langs}
+        # sentencepiece: every piece of the model enters the dictionary (count 0 if the encoded
+        # training text never used it), so valid/test/new input never turn a piece the model
+        # can emit into <unk>; string tokens: only those seen (fairseq), as nothing else is known.
+        tok_counts = {lang: _token_counts(tokens[lang], counts[lang], keep_zero=spm_mode) for lang in langs}
+        if cfg.joined_dictionary:
+            joint = Counter(tok_counts[src])
+            joint.update(tok_counts[tgt])
+            d = Dictionary.from_counts(joint, nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
+                                       pad_to_multiple=cfg.pad_to_multiple)
+            dicts = {src: d, tgt: d}
+        else:
+            dicts = {
+                src: Dictionary.from_counts(tok_counts[src], nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
+                                            pad_to_multiple=cfg.pad_to_multiple),
+                tgt: Dictionary.from_counts(tok_counts[tgt], nwords=cfg.nwordstgt, threshold=cfg.thresholdtgt,
+                                            pad_to_multiple=cfg.pad_to_multiple),
+            }
+        dict_entry: dict = {"joined": cfg.joined_dictionary}
+        for lang in langs:
+            name = f"dict.{lang}.txt"
+            files[name] = dicts[lang].save(tmp / name)
+            dict_entry[lang] = {"file": name, "size": len(dicts[lang])}
+        dtypes = {lang: dtype_for_vocab(len(dicts[lang])) for lang in langs}
+        log(f"dictionaries: {src} {len(dicts[src]):,}, {tgt} {len(dicts[tgt]):,}"
+            f"{' (joined)' if cfg.joined_dictionary else ''}; shards in {dtypes[src].name}/{dtypes[tgt].name}")
+
+        # 5. provisional ids -> dictionary ids
+        t = time.perf_counter()
+        splits: dict = {}
+        tables = {lang: _table(dicts[lang], tokens[lang]) for lang in langs}
+        total_tokens = sum(s.tokens for lang in langs for s in prov[lang])
+        task = _Task(progress, "writing train shards", total_tokens)
+        final: dict[str, list[ShardInfo]] = {}
+        unk = {}
+        for lang in langs:
+            final[lang], unk[lang] = [], 0
+            for info in prov[lang]:
+                shard, n_unk = _remap_shard(tmp, info, tables[lang], dtypes[lang], dicts[lang].unk, task)
+                final[lang].append(shard)
+                unk[lang] += n_unk
+        task.finish()
+        splits["train"] = _split_entry(langs, final, unk, infos["train"][src].lines, dropped, files)
+        timings["write_train"] = time.perf_counter() - t
+
+        # 6. valid/test: every line, in order, no cleaning
+        t = time.perf_counter()
+        for split in inputs:
+            if split == "train":
+                continue
+            paths = inputs[split][1]
+            n = infos[split][src].lines
+            task = _Task(progress, f"encoding {split}", n)
+            w = {lang: ShardSetWriter(tmp, split, lang, dtypes[lang], cfg.shard_size) for lang in langs}
+            sunk = {lang: 0 for lang in langs}
+            for res in encoder.map(_pair_jobs(src, tgt, paths[src], paths[tgt])):
+                for lang, (f, lens, vocab) in zip(langs, res):
+                    table = tables[lang] if vocab is None else _table(dicts[lang], vocab)
+                    ids = table[f].astype(dtypes[lang], copy=False)
+                    sunk[lang] += int(np.count_nonzero(ids == dicts[lang].unk))
+                    w[lang].add(ids, lens)
+                task.advance(len(res[0][1]))
+            task.finish()
+            shards = {lang: w[lang].close() for lang in langs}
+            splits[split] = _split_entry(langs, shards, sunk, n, None, files)
+            log(f"encoded {split}: {n:,} pairs (every line kept), <unk>: {src} {sunk[src]}, {tgt} {sunk[tgt]}")
+        timings["encode_eval"] = time.perf_counter() - t
+        ok = True
+    finally:
+        encoder.close(ok)
+
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "complete": True,
+        "nmtkit_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source_lang": src,
+        "target_lang": tgt,
+        "subword": sub,
+        "dictionaries": dict_entry,
+        "splits": splits,
+        "files": dict(sorted(files.items())),
+    }
+
+
+def _globalize(flat: np.ndarray, vocab: list[str], gvocab: dict[str, int]) -> np.ndarray:
+    """Map chunk-local ids (first-seen order in the chunk) to global provisional ids."""
+    lmap = np.fromiter((gvocab.setdefault(tok, len(gvocab)) for tok in vocab), dtype=np.uint32, count=len(vocab))
+    return lmap[flat] if len(flat) else flat
+
+
+def _spm_pieces(model_file: str) -> list[str]:
+    return subwords.SentencePieceModel(model_file).pieces()
+
+
+def _token_counts(tokens: list[str], counts: np.ndarray, keep_zero: bool) -> dict[str, int]:
+    counts = np.concatenate([counts, np.zeros(max(0, len(tokens) - len(counts)), np.int64)])
+    if keep_zero:
+        return {tok: int(c) for tok, c in zip(tokens, counts)}
+    return {tokens[i]: int(counts[i]) for i in np.flatnonzero(counts)}
+
+
+def _table(d: Dictionary, tokens: list[str]) -> np.ndarray:
+    """Provisional/local id -> dictionary id (unknown or cut tokens -> <unk>)."""
+    return np.fromiter((d.index(t) for t in tokens), dtype=np.int64, count=len(tokens))
+
+
+def _remap_shard(tmp: Path, info: ShardInfo, table: np.ndarray, dtype: np.dtype, unk_id: int, task: _Task):
+    """Rewrite a provisional uint32 .bin as dictionary ids in `dtype`, hashing as it writes."""
+    src_path = tmp / info.bin
+    out_name = info.bin.replace(".prov.bin", ".bin")
+    table = table.astype(dtype)
+    h = hashlib.sha256()
+    n_unk = 0
+    with open(src_path, "rb") as fin, open(tmp / out_name, "wb") as fout:
+        while True:
+            block = np.fromfile(fin, dtype="<u4", count=REMAP_CHUNK)
+            if not len(block):
+                break
+            ids = table[block]
+            n_unk += int(np.count_nonzero(ids == unk_id))
+            data = ids.tobytes()
+            fout.write(data)
+            h.update(data)
+            task.advance(len(block))
+        fout.flush()
+        os.fsync(fout.fileno())
+    os.unlink(src_path)
+    shard = dataclasses.replace(info, bin=out_name, dtype=np.dtype(dtype).name, bin_sha256=h.hexdigest())
+    return shard, n_unk
+
+
+def _reasons_text(dropped: Counter) -> str:
+    return ", ".join(f"{r.replace('_', ' ')} {dropped[r]}" for r in CLEAN_REASONS)
+
+
+def _split_entry(langs, shards: dict[str, list[ShardInfo]], unk: dict[str, int], lines: int,
+                 dropped: Counter | None, files: dict[str, str]) -> dict:
+    """The manifest entry of one split; also records the shards' checksums in `files`."""
+    src, tgt = langs
+    entry: dict = {"lines": lines, "sentences": sum(s.sentences for s in shards[src])}
+    if dropped is not None:
+        entry["cleaning"] = {"dropped": {r: int(dropped[r]) for r in CLEAN_REASONS},
+                             "dropped_total": int(sum(dropped[r] for r in CLEAN_REASONS))}
+    entry["tokens"] = {lang: sum(s.tokens for s in shards[lang]) for lang in langs}
+    entry["unk"] = {lang: int(unk[lang]) for lang in langs}
+    entry["shards"] = []
+    for a, b in zip(shards[src], shards[tgt]):
+        assert a.sentences == b.sentences
+        entry["shards"].append({
+            "sentences": a.sentences,
+            **{lang: {"bin": s.bin, "idx": s.idx, "dtype": s.dtype, "tokens": s.tokens}
+               for lang, s in ((src, a), (tgt, b))},
+        })
+        for s in (a, b):
+            files[s.bin] = s.bin_sha256
+            files[s.idx] = s.idx_sha256
+    return entry

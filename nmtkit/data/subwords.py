@@ -1,0 +1,183 @@
+"""Learning and applying subword models: sentencepiece, subword-nmt, or plain whitespace tokens.
+
+Why wrap them: preprocessing, generation (which must segment raw input and detokenize output) and
+the parsing task all need the same `encode(line) -> tokens` / `decode(tokens) -> text` pair, and
+the libraries differ in how they are trained, stored and undone. Training uses each library's own
+algorithm (sentencepiece's BPE trainer; subword-nmt's `learn_bpe`), never a reimplementation.
+
+- sentencepiece: model type BPE, character_coverage 1.0 (every character of the training text is
+  kept: nothing becomes <unk> in the training data), the library's default normalization
+  (nmt_nfkc). Files: `spm.model` (joint) or `spm.LANG.model`.
+- subword-nmt: merges learned over whitespace tokens; units carry the "@@" continuation marker.
+  Files: `bpe.codes` (joint) or `bpe.LANG.codes`.
+- none: the line split on whitespace; decoding joins with single spaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+import sentencepiece as spm
+
+from nmtkit.errors import UserError
+
+BPE_KINDS = ("sentencepiece", "subword-nmt", "none")
+BPE_SEPARATOR = "@@"
+_BPE_JOIN = re.compile(r"@@( |$)")
+
+
+class SubwordModel:
+    """Segments raw text into tokens and undoes it; one per language of a data directory."""
+
+    kind = "none"
+
+    def encode(self, line: str) -> list[str]:
+        """Tokens of one line of raw text."""
+        return line.split()
+
+    def encode_batch(self, lines: list[str]) -> list[list[str]]:
+        return [self.encode(line) for line in lines]
+
+    def decode(self, tokens: Iterable[str]) -> str:
+        """Detokenized text of `tokens` (the inverse of `encode` up to whitespace/normalization)."""
+        return " ".join(tokens)
+
+
+class WhitespaceModel(SubwordModel):
+    """`--bpe none`: the input is taken as already tokenized; tokens are whitespace-separated."""
+
+    kind = "none"
+
+
+class SentencePieceModel(SubwordModel):
+    kind = "sentencepiece"
+
+    def __init__(self, model_file: str | os.PathLike | None = None, *, model_proto: bytes | None = None):
+        try:
+            if model_proto is not None:
+                self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+            else:
+                self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        except (OSError, RuntimeError) as e:
+            raise UserError(f"{model_file or '<model>'}: cannot load sentencepiece model: {e}") from None
+
+    def encode(self, line: str) -> list[str]:
+        return self.sp.encode(line, out_type=str)
+
+    def encode_batch(self, lines: list[str]) -> list[list[str]]:
+        return self.sp.encode(lines, out_type=str)
+
+    def encode_ids(self, lines: list[str], num_threads: int = 1) -> list[list[int]]:
+        """sentencepiece's own ids (not dictionary ids): the fast path preprocessing uses."""
+        return self.sp.encode(lines, num_threads=num_threads)
+
+    def pieces(self) -> list[str]:
+        """Piece string of every sentencepiece id, in id order."""
+        return [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
+
+    def decode(self, tokens: Iterable[str]) -> str:
+        return self.sp.decode(list(tokens))
+
+
+class SubwordNmtModel(SubwordModel):
+    kind = "subword-nmt"
+
+    def __init__(self, codes_file: str | os.PathLike | None = None, *, codes_text: str | None = None):
+        from subword_nmt.apply_bpe import BPE
+
+        try:
+            if codes_text is not None:
+                self.bpe = BPE(io.StringIO(codes_text), separator=BPE_SEPARATOR)
+            else:
+                with open(codes_file, encoding="utf-8") as fh:
+                    self.bpe = BPE(fh, separator=BPE_SEPARATOR)
+        except (OSError, ValueError, IndexError) as e:
+            raise UserError(f"{codes_file or '<codes>'}: cannot load subword-nmt codes: {e}") from None
+
+    def encode(self, line: str) -> list[str]:
+        return self.bpe.segment_tokens(line.split())
+
+    def decode(self, tokens: Iterable[str]) -> str:
+        # fairseq's "subword_nmt" post-processing: "a@@ b" -> "ab", and a dangling final "@@".
+        return _BPE_JOIN.sub("", " ".join(tokens))
+
+
+def model_filename(kind: str, lang: str | None) -> str | None:
+    """File name of the model inside a data dir; lang None for a joint model."""
+    suffix = "" if lang is None else f".{lang}"
+    if kind == "sentencepiece":
+        return f"spm{suffix}.model"
+    if kind == "subword-nmt":
+        return f"bpe{suffix}.codes"
+    return None
+
+
+def load_model_file(kind: str, path: str | os.PathLike | None) -> SubwordModel:
+    """Load a subword model of `kind` from `path` (None for kind 'none')."""
+    if kind == "sentencepiece":
+        return SentencePieceModel(path)
+    if kind == "subword-nmt":
+        return SubwordNmtModel(path)
+    if kind == "none":
+        return WhitespaceModel()
+    raise UserError(f"unknown subword model kind {kind!r} (expected one of {', '.join(BPE_KINDS)})")
+
+
+def learn_sentencepiece(lines: Iterator[str], vocab_size: int) -> bytes:
+    """Train a sentencepiece BPE model on `lines`; return the serialized model.
+
+    Deterministic for a given input (the model bytes do not depend on how many threads or workers
+    preprocessing uses), which is what makes reruns byte-identical. Sampling of a huge corpus is
+    done by the caller, reproducibly, because sentencepiece's own sampler is not seeded.
+    """
+    buf = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=lines,
+            model_writer=buf,
+            vocab_size=vocab_size,
+            model_type="bpe",
+            character_coverage=1.0,
+            minloglevel=2,  # sentencepiece's INFO/WARNING chatter would drown the progress bars
+        )
+    except RuntimeError as e:
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+        raise UserError(f"--vocab-size {vocab_size}: sentencepiece cannot train on this text: {msg}") from None
+    return buf.getvalue()
+
+
+def learn_subword_nmt(word_counts: Counter, merges: int) -> str:
+    """Learn `merges` subword-nmt BPE merge operations from word counts; return the codes text."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    vocab = io.StringIO("".join(f"{w} {c}\n" for w, c in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))))
+    out = io.StringIO()
+    # learn_bpe reports "no pair has frequency >= 2. Stopping" on stderr: not an error for us.
+    with contextlib.redirect_stderr(io.StringIO()):
+        learn_bpe(vocab, out, merges, is_dict=True)
+    return out.getvalue()
+
+
+def count_words(lines: Iterable[str], counts: Counter | None = None) -> Counter:
+    """Whitespace-token counts (what subword-nmt learns from)."""
+    counts = Counter() if counts is None else counts
+    for line in lines:
+        counts.update(line.split())
+    return counts
+
+
+def load_subword_model(data_dir: str | os.PathLike, lang: str) -> SubwordModel:
+    """The subword model that `nmtkit preprocess` applied to language `lang` in `data_dir`.
+
+    Generation uses it to segment raw input (`encode`) and detokenize output (`decode`).
+    """
+    from nmtkit.data.manifest import load_manifest, subword_model_path
+
+    manifest = load_manifest(data_dir)
+    kind = manifest["subword"]["kind"]
+    return load_model_file(kind, subword_model_path(data_dir, lang, manifest))

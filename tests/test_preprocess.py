@@ -1,0 +1,505 @@
+"""`nmtkit preprocess`: round trips, counts, cleaning, determinism, checksums and every bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import shared_file
+from nmtkit.data import preprocess as P
+from nmtkit.data.dictionary import Dictionary
+from nmtkit.data.preprocess import PreprocessConfig, load_manifest, preprocess
+from nmtkit.data.shards import load_split
+from nmtkit.data.subwords import load_subword_model
+from nmtkit.data.textfiles import iter_lines
+from nmtkit.errors import UserError
+
+WORDS = ("the a man woman dog cat runs sits on in park street red blue small big and with "
+         "children play ball near water tree house").split()
+
+
+def sentence(rng: random.Random, lo: int = 2, hi: int = 9) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def translate(line: str) -> str:
+    """A toy 'target language': every word reversed, so the two sides differ but align."""
+    return " ".join(w[::-1] for w in line.split())
+
+
+def write_pair(prefix: Path, src_lines, tgt_lines, gz: bool = False, src="de", tgt="en") -> None:
+    for lang, lines in ((src, src_lines), (tgt, tgt_lines)):
+        data = "".join(f"{ln}\n" for ln in lines).encode("utf-8")
+        p = Path(f"{prefix}.{lang}{'.gz' if gz else ''}")
+        p.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """train (300 pairs), valid (with an empty line), test; returns (dir, {split: (src, tgt)})."""
+    rng = random.Random(7)
+    d = tmp_path / "raw"
+    d.mkdir()
+    out = {}
+    for split, n in (("train", 300), ("valid", 20), ("test", 15)):
+        src = [sentence(rng) for _ in range(n)]
+        if split != "train":
+            src[3] = ""  # valid/test keep empty lines, in place
+        tgt = [translate(s) for s in src]
+        write_pair(d / split, src, tgt)
+        out[split] = (src, tgt)
+    return d, out
+
+
+def cfg_for(raw: Path, dest: Path, **kw) -> PreprocessConfig:
+    base = dict(source_lang="de", target_lang="en", trainpref=str(raw / "train"), destdir=str(dest),
+                validpref=[str(raw / "valid")], testpref=[str(raw / "test")], vocab_size=60)
+    base.update(kw)
+    return PreprocessConfig(**base)
+
+
+def decoded(data_dir: Path, split: str, lang: str) -> list[str]:
+    """shards -> ids -> tokens -> detokenized text, through the public helpers."""
+    src_dict, tgt_dict = P.load_dictionaries(data_dir)
+    d = src_dict if lang == "de" else tgt_dict
+    model = load_subword_model(data_dir, lang)
+    ds = load_split(data_dir, split, lang, verify=True)
+    return [model.decode(d.string(ds[i])) for i in range(len(ds))]
+
+
+def shard_files(data_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(data_dir.iterdir()) if p.name != "manifest.json"}
+
+
+# ---------------------------------------------------------------------------------------------
+# round trips
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bpe, extra", [("sentencepiece", {}), ("subword-nmt", {"bpe_merges": 40}), ("none", {})])
+def test_round_trip_raw_shards_ids_text(tmp_path, corpus, bpe, extra):
+    raw, lines = corpus
+    kw = {"bpe": bpe, **extra}
+    if bpe != "sentencepiece":
+        kw["vocab_size"] = 8000
+    res = preprocess(cfg_for(raw, tmp_path / "data", joined_dictionary=True, **kw))
+    assert not res.up_to_date
+    m = load_manifest(tmp_path / "data")
+    for split in ("train", "valid", "test"):
+        src, tgt = lines[split]
+        assert decoded(tmp_path / "data", split, "de") == src
+        assert decoded(tmp_path / "data", split, "en") == tgt
+        assert m["splits"][split]["lines"] == len(src) == m["splits"][split]["sentences"]
+        assert m["splits"][split]["unk"] == {"de": 0, "en": 0}
+    # the empty valid line is kept, in place, as an empty sentence
+    assert load_split(tmp_path / "data", "valid", "de").sizes[3] == 0
+    # subword model helpers as generation will use them: raw text in, text out
+    model = load_subword_model(tmp_path / "data", "de")
+    assert model.kind == bpe
+    assert model.decode(model.encode(lines["train"][0][0])) == lines["train"][0][0]
+    if bpe == "subword-nmt":
+        toks = model.encode("children water")
+        assert any(t.endswith("@@") for t in toks) or len(toks) == 2
+
+
+def test_sentencepiece_on_real_multi30k_loses_nothing_beyond_its_normalization(tmp_path, run_cli):
+    """2000 real pairs through the CLI: ids decode to what sentencepiece alone makes of each line."""
+    de, en = shared_file("multi30k", "train.de.gz"), shared_file("multi30k", "train.en.gz")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    src = [ln for _, ln in zip(range(2000), iter_lines(de))]
+    tgt = [ln for _, ln in zip(range(2000), iter_lines(en))]
+    write_pair(raw / "train", src, tgt, gz=True)
+    write_pair(raw / "valid", src[:50], tgt[:50])
+    r = run_cli("preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--validpref", raw / "valid",
+                "--destdir", tmp_path / "data", "--vocab-size", "1000", "--joined-dictionary")
+    assert r.code == 0, r
+    assert "written" in r.out and "train" in r.out  # the summary goes to stdout
+    m = load_manifest(tmp_path / "data")
+    assert m["dictionaries"]["de"]["size"] % 8 == 0 and m["dictionaries"]["joined"] is True
+    model = load_subword_model(tmp_path / "data", "de")
+    got = decoded(tmp_path / "data", "valid", "de")
+    assert got == [model.decode(model.encode(s)) for s in src[:50]]
+    assert sum(g == s for g, s in zip(got, src[:50])) >= 45  # NFKC changes a few characters at most
+
+
+# ---------------------------------------------------------------------------------------------
+# dictionaries and cleaning
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dictionary_counts_are_the_training_token_counts(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_pair(raw / "train", ["a b a", "c a", "b b"], ["x y", "y y", "z"])
+    preprocess(cfg_for(raw, tmp_path / "sep", bpe="none", vocab_size=8000, validpref=[], testpref=[],
+                       pad_to_multiple=1))
+    assert (tmp_path / "sep" / "dict.de.txt").read_text() == "a 3\nb 3\nc 1\n"
+    assert (tmp_path / "sep" / "dict.en.txt").read_text() == "y 3\nx 1\nz 1\n"
+    preprocess(cfg_for(raw, tmp_path / "joined", bpe="none", vocab_size=8000, validpref=[], testpref=[],
+                       joined_dictionary=True, pad_to_multiple=8))
+    text = (tmp_path / "joined" / "dict.de.txt").read_text()
+    assert text == (tmp_path / "joined" / "dict.en.txt").read_text()
+    # 4 specials + 6 tokens = 10 entries, padded to 16 with fairseq's filler
+    assert text == "a 3\nb 3\ny 3\nc 1\nx 1\nz 1\n" + "".join(f"madeupword{i:04d} 0\n" for i in range(6))
+    # the ids in the shards follow the dictionary: "a b a" -> 4 5 4
+    assert load_split(tmp_path / "joined", "train", "de")[0].tolist() == [4, 5, 4]
+    assert load_split(tmp_path / "joined", "train", "en")[2].tolist() == [9]
+
+
+def test_nwords_and_threshold_cut_to_unk(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_pair(raw / "train", ["a b a", "c a", "b b"], ["x y", "y y", "z"])
+    preprocess(cfg_for(raw, tmp_path / "d", bpe="none", vocab_size=8000, validpref=[], testpref=[],
+                       pad_to_multiple=1, nwordssrc=5, thresholdtgt=2))
+    src_d, tgt_d = P.load_dictionaries(tmp_path / "d")
+    assert src_d.symbols[4:] == ["a"] and tgt_d.symbols[4:] == ["y"]
+    m = load_manifest(tmp_path / "d")
+    assert m["splits"]["train"]["unk"] == {"de": 4, "en": 2}
+    assert load_split(tmp_path / "d", "train", "de")[0].tolist() == [4, 3, 4]
+
+
+def test_cleaning_rules_like_moses_on_train_only(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    src = ["a b c", "", "a " * 11, "a", "a b c d e f g h i j", "a b", "  ", "a b c d"]
+    tgt = ["x y z", "x", "x y", "x y", "x y", "x y z w", "x", "x y z"]
+    #       keep    empty  too long  short  ratio 10 > 3*2  keep     empty  keep
+    write_pair(raw / "train", src, tgt)
+    write_pair(raw / "valid", src, tgt)
+    preprocess(cfg_for(raw, tmp_path / "d", bpe="none", vocab_size=8000, testpref=[], max_len=10, min_len=2,
+                       ratio=3.0))
+    m = load_manifest(tmp_path / "d")
+    tr = m["splits"]["train"]
+    assert tr["lines"] == 8 and tr["sentences"] == 3
+    assert tr["cleaning"]["dropped"] == {"empty": 2, "too_long": 1, "too_short": 1, "ratio": 1}
+    assert tr["cleaning"]["dropped_total"] == 5
+    assert decoded(tmp_path / "d", "train", "de") == ["a b c", "a b", "a b c d"]
+    assert decoded(tmp_path / "d", "train", "en") == ["x y z", "x y z w", "x y z"]
+    # valid keeps every line, in order, empty and long ones included
+    assert m["splits"]["valid"]["sentences"] == 8
+    # (e..j never made it into the training dictionary, so they are <unk> here)
+    assert decoded(tmp_path / "d", "valid", "de") == [
+        "a b c", "", " ".join(["a"] * 11), "a", "a b c d" + " <unk>" * 6, "a b", "", "a b c d"]
+    assert m["splits"]["valid"]["unk"] == {"de": 6, "en": 0}
+
+
+def test_cleaning_mask_order_and_switches():
+    keep, why = P.clean_mask(np.array([0, 300, 1, 20, 5]), np.array([3, 3, 1, 2, 5]), 2, 250, 9.0)
+    assert keep.tolist() == [False, False, False, False, True]
+    assert why == {"empty": 1, "too_long": 1, "too_short": 1, "ratio": 1}
+    keep, why = P.clean_mask(np.array([300, 20]), np.array([3, 2]), 1, 0, 0)
+    assert keep.tolist() == [True, True] and sum(why.values()) == 0
+
+
+def test_all_pairs_cleaned_away_is_a_user_error(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_pair(raw / "train", ["a a a a"], ["x"])
+    with pytest.raises(UserError, match="no sentence pair left after cleaning"):
+        preprocess(cfg_for(raw, tmp_path / "d", bpe="none", validpref=[], testpref=[], ratio=2.0))
+    assert not (tmp_path / "d").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs, determinism, layout
+# ---------------------------------------------------------------------------------------------
+
+
+def test_gz_input_gives_the_same_shards(tmp_path, corpus):
+    raw, lines = corpus
+    gzraw = tmp_path / "gz"
+    gzraw.mkdir()
+    for split, (s, t) in lines.items():
+        write_pair(gzraw / split, s, t, gz=True)
+    preprocess(cfg_for(raw, tmp_path / "plain"))
+    preprocess(cfg_for(gzraw, tmp_path / "gzout"))
+    assert shard_files(tmp_path / "plain") == shard_files(tmp_path / "gzout")
+    assert load_manifest(tmp_path / "gzout")["inputs"]["train"]["de"]["path"].endswith("train.de.gz")
+
+
+def test_workers_1_and_2_write_identical_files(tmp_path, corpus, monkeypatch):
+    raw, _ = corpus
+    monkeypatch.setattr(P, "CHUNK_LINES", 32)  # many chunks, so the two workers interleave
+    preprocess(cfg_for(raw, tmp_path / "w1", workers=1, joined_dictionary=True))
+    preprocess(cfg_for(raw, tmp_path / "w2", workers=2, joined_dictionary=True))
+    assert shard_files(tmp_path / "w1") == shard_files(tmp_path / "w2")
+    m1, m2 = load_manifest(tmp_path / "w1"), load_manifest(tmp_path / "w2")
+    assert m1["files"] == m2["files"] and m1["fingerprint"] == m2["fingerprint"]
+
+
+def test_workers_identical_for_string_tokens(tmp_path, corpus, monkeypatch):
+    raw, _ = corpus
+    monkeypatch.setattr(P, "CHUNK_LINES", 32)
+    preprocess(cfg_for(raw, tmp_path / "w1", bpe="subword-nmt", vocab_size=8000, bpe_merges=30))
+    preprocess(cfg_for(raw, tmp_path / "w2", bpe="subword-nmt", vocab_size=8000, bpe_merges=30, workers=2))
+    assert shard_files(tmp_path / "w1") == shard_files(tmp_path / "w2")
+
+
+def test_shard_size_splits_and_reads_back_concatenated(tmp_path, corpus):
+    raw, lines = corpus
+    preprocess(cfg_for(raw, tmp_path / "d", shard_size=128, bpe="none", vocab_size=8000))
+    m = load_manifest(tmp_path / "d")
+    assert [s["sentences"] for s in m["splits"]["train"]["shards"]] == [128, 128, 44]
+    assert (tmp_path / "d" / "train.en.002.bin").is_file()
+    assert decoded(tmp_path / "d", "train", "en") == lines["train"][1]
+    ds = load_split(tmp_path / "d", "train", "de")
+    assert len(ds) == 300 and ds.sizes.tolist() == [len(s.split()) for s in lines["train"][0]]
+    assert ds.shards[0].tokens.dtype == np.uint8  # tiny dictionary: smallest dtype
+
+
+def test_separate_subword_models_and_dictionaries(tmp_path, corpus):
+    raw, lines = corpus
+    preprocess(cfg_for(raw, tmp_path / "d", joint_bpe=False, vocab_size=40))
+    m = load_manifest(tmp_path / "d")
+    assert m["subword"]["files"] == {"de": "spm.de.model", "en": "spm.en.model"}
+    src_d, tgt_d = P.load_dictionaries(tmp_path / "d")
+    assert (tmp_path / "d" / "spm.de.model").read_bytes() != (tmp_path / "d" / "spm.en.model").read_bytes()
+    assert set(src_d.symbols) != set(tgt_d.symbols) and m["dictionaries"]["joined"] is False
+    assert decoded(tmp_path / "d", "test", "en") == lines["test"][1]
+
+
+def test_spm_sample_is_reproducible(tmp_path, corpus):
+    raw, _ = corpus
+    preprocess(cfg_for(raw, tmp_path / "a", spm_max_lines=200))
+    preprocess(cfg_for(raw, tmp_path / "b", spm_max_lines=200))
+    assert (tmp_path / "a" / "spm.model").read_bytes() == (tmp_path / "b" / "spm.model").read_bytes()
+    preprocess(cfg_for(raw, tmp_path / "c", spm_max_lines=0))
+    assert (tmp_path / "a" / "spm.model").read_bytes() != (tmp_path / "c" / "spm.model").read_bytes()
+
+
+def test_several_test_sets(tmp_path, corpus):
+    raw, lines = corpus
+    preprocess(cfg_for(raw, tmp_path / "d", bpe="none", testpref=[str(raw / "test"), str(raw / "valid")]))
+    assert decoded(tmp_path / "d", "test1", "en") == [" ".join(s.split()) for s in lines["valid"][1]]
+
+
+# ---------------------------------------------------------------------------------------------
+# checksums, reruns, destinations, interruption
+# ---------------------------------------------------------------------------------------------
+
+
+def test_checksum_failure_on_corrupted_shard(tmp_path, corpus, run_cli):
+    raw, _ = corpus
+    cfg = cfg_for(raw, tmp_path / "d")
+    preprocess(cfg)
+    p = tmp_path / "d" / "train.en.000.bin"
+    data = bytearray(p.read_bytes())
+    data[10] ^= 0x01  # same size: only the checksum can tell
+    p.write_bytes(bytes(data))
+    assert len(load_split(tmp_path / "d", "train", "en")) == 300  # no verify: opens
+    with pytest.raises(UserError, match=r"train\.en\.000\.bin: checksum mismatch"):
+        load_split(tmp_path / "d", "train", "en", verify=True)
+    load_split(tmp_path / "d", "train", "de", verify=True)  # the other files are fine
+    # rerunning the same preprocess notices the damage and refuses without --force
+    r = run_cli("preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--validpref", raw / "valid",
+                "--testpref", raw / "test", "--destdir", tmp_path / "d", "--vocab-size", "60")
+    assert r.code == 2 and "damaged" in r.err and "train.en.000.bin" in r.err and "Traceback" not in r.err
+    r = run_cli("preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--validpref", raw / "valid",
+                "--testpref", raw / "test", "--destdir", tmp_path / "d", "--vocab-size", "60", "--force")
+    assert r.code == 0, r
+    load_split(tmp_path / "d", "train", "en", verify=True)
+
+
+def test_dictionary_checksum_is_checked(tmp_path, corpus):
+    raw, _ = corpus
+    preprocess(cfg_for(raw, tmp_path / "d"))
+    p = tmp_path / "d" / "dict.en.txt"
+    p.write_text(p.read_text().replace(" ", "  ", 1) if False else p.read_text() + "extra 1\n")
+    with pytest.raises(UserError, match=r"dict\.en\.txt: checksum mismatch"):
+        P.load_dictionaries(tmp_path / "d")
+
+
+def test_rerun_with_same_inputs_is_up_to_date_and_touches_nothing(tmp_path, corpus):
+    raw, _ = corpus
+    preprocess(cfg_for(raw, tmp_path / "d"))
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "d").iterdir()}
+    res = preprocess(cfg_for(raw, tmp_path / "d", workers=2))  # workers do not change the dataset
+    assert res.up_to_date
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "d").iterdir()} == before
+
+
+def test_destination_with_different_dataset_is_refused_unless_force(tmp_path, corpus, run_cli):
+    raw, _ = corpus
+    preprocess(cfg_for(raw, tmp_path / "d"))
+    before = shard_files(tmp_path / "d")
+    args = ["preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--destdir", tmp_path / "d",
+            "--bpe", "none"]
+    r = run_cli(*args)
+    assert r.code == 2 and "different dataset" in r.err and "--force" in r.err and "bpe" in r.err
+    assert shard_files(tmp_path / "d") == before  # untouched
+    r = run_cli(*args, "--force")
+    assert r.code == 0, r
+    assert load_manifest(tmp_path / "d")["subword"]["kind"] == "none"
+    assert not (tmp_path / "d" / "spm.model").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp or old dirs left
+
+
+def test_foreign_nonempty_destination_is_refused_unless_force(tmp_path, corpus, run_cli):
+    raw, _ = corpus
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("precious")
+    args = ["preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--destdir", dest, "--bpe", "none"]
+    r = run_cli(*args)
+    assert r.code == 2 and "not empty" in r.err and (dest / "notes.txt").read_text() == "precious"
+    assert run_cli(*args, "--force").code == 0
+    assert not (dest / "notes.txt").exists() and (dest / "manifest.json").is_file()
+
+
+def test_destination_containing_the_inputs_is_refused_even_with_force(tmp_path, corpus, run_cli):
+    raw, _ = corpus
+    r = run_cli("preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--destdir", raw, "--force")
+    assert r.code == 2 and "contains the input file" in r.err
+    assert (raw / "train.de").is_file()
+
+
+def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, corpus, monkeypatch):
+    raw, _ = corpus
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(P, "_remap_shard", boom)  # interrupt after the shards are half written
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(cfg_for(raw, tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    monkeypatch.undo()
+
+    # an existing dataset survives an interrupted --force rebuild unchanged
+    preprocess(cfg_for(raw, tmp_path / "d"))
+    before = shard_files(tmp_path / "d")
+    monkeypatch.setattr(P, "_remap_shard", boom)
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(cfg_for(raw, tmp_path / "d", bpe="none", vocab_size=8000, force=True))
+    assert shard_files(tmp_path / "d") == before
+    load_split(tmp_path / "d", "train", "de", verify=True)
+
+
+def test_directory_without_manifest_is_never_taken_for_complete(tmp_path, corpus):
+    """What a killed run (or a copy cut short) looks like: shards present, no manifest."""
+    raw, _ = corpus
+    preprocess(cfg_for(raw, tmp_path / "d"))
+    (tmp_path / "d" / "manifest.json").unlink()
+    with pytest.raises(UserError, match="not a complete nmtkit data directory"):
+        load_split(tmp_path / "d", "train", "de")
+    with pytest.raises(UserError, match="not empty and holds no complete nmtkit dataset"):
+        preprocess(cfg_for(raw, tmp_path / "d"))
+    m = json.loads(json.dumps({"format": "nmtkit-data", "format_version": 1, "complete": False}))
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="marked incomplete"):
+        load_manifest(tmp_path / "d")
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input through the CLI: one red line, exit 2, nothing written
+# ---------------------------------------------------------------------------------------------
+
+
+def _run(run_cli, raw: Path, dest: Path, *extra):
+    return run_cli("preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--destdir", dest,
+                   "--bpe", "none", *extra)
+
+
+def _nothing_written(tmp_path: Path, dest: Path) -> bool:
+    return not dest.exists() and not [p for p in dest.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_mismatched_line_counts(tmp_path, run_cli):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "train.de").write_text("a\nb\nc\n")
+    (raw / "train.en").write_text("x\ny\n")
+    r = _run(run_cli, raw, tmp_path / "out")
+    assert r.code == 2, r
+    assert "line counts differ" in r.err and "train.de has 3 lines" in r.err and "train.en has 2" in r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert _nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_mismatched_valid_line_counts_name_the_flag(tmp_path, run_cli, corpus):
+    raw, _ = corpus
+    (raw / "valid.en").write_text("only one line\n")
+    r = _run(run_cli, raw, tmp_path / "out", "--validpref", raw / "valid")
+    assert r.code == 2 and "--validpref" in r.err and "has 20 lines" in r.err and "has 1 lines" in r.err
+    assert _nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path, run_cli):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "train.de").write_bytes(b"gut\nauch gut\nkaputt \xff hier\n")
+    (raw / "train.en").write_text("good\nalso good\nbroken here\n")
+    r = _run(run_cli, raw, tmp_path / "out")
+    assert r.code == 2 and f"{raw / 'train.de'}:3: invalid UTF-8" in r.err
+    assert _nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_invalid_utf8_in_gz_names_file_and_line(tmp_path, run_cli):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "train.de.gz").write_bytes(gzip.compress(b"ok\n" * 5000 + b"\xc3\x28\n"))
+    (raw / "train.en").write_text("ok\n" * 5001)
+    r = _run(run_cli, raw, tmp_path / "out")
+    assert r.code == 2 and "train.de.gz:5001: invalid UTF-8" in r.err
+
+
+def test_missing_and_empty_training_files(tmp_path, run_cli):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "train.de").write_text("a\n")
+    r = _run(run_cli, raw, tmp_path / "out")
+    assert r.code == 2 and "--trainpref" in r.err and "train.en" in r.err and "not found" in r.err
+    (raw / "train.en").write_text("")
+    (raw / "train.de").write_text("")
+    r = _run(run_cli, raw, tmp_path / "out")
+    assert r.code == 2 and "empty" in r.err and "--trainpref" in r.err
+    assert _nothing_written(tmp_path, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--workers", "0"], "--workers"),
+        (["--shard-size", "0"], "--shard-size"),
+        (["--ratio", "0.5"], "--ratio"),
+        (["--pad-to-multiple", "0"], "--pad-to-multiple"),
+        (["--vocab-size", "100"], "--vocab-size"),  # with --bpe none
+        (["--joined-dictionary", "--nwordstgt", "10"], "--nwordstgt"),
+        (["--min-len", "5", "--max-len", "3"], "--min-len"),
+        (["--testpref", "a,,b"], "--testpref"),
+    ],
+)
+def test_bad_flags_name_the_flag(tmp_path, run_cli, corpus, args, flag):
+    raw, _ = corpus
+    r = _run(run_cli, raw, tmp_path / "out", *args)
+    assert r.code == 2 and flag in r.err and "Traceback" not in r.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_vocab_size_too_large_for_the_text_is_a_user_error(tmp_path, corpus):
+    raw, _ = corpus
+    with pytest.raises(UserError, match="--vocab-size 5000"):
+        preprocess(cfg_for(raw, tmp_path / "d", vocab_size=5000))
+    assert not (tmp_path / "d").exists()
+
+
+def test_same_languages_refused(tmp_path, corpus, run_cli):
+    raw, _ = corpus
+    r = run_cli("preprocess", "-s", "de", "-t", "de", "--trainpref", raw / "train", "--destdir", tmp_path / "o")
+    assert r.code == 2 and "must differ" in r.err
+
+
+def test_dictionary_file_reloads_equal(tmp_path, corpus):
+    raw, _ = corpus
+    preprocess(cfg_for(raw, tmp_path / "d", joined_dictionary=True))
+    d = Dictionary.load(tmp_path / "d" / "dict.de.txt")
+    assert len(d) == load_manifest(tmp_path / "d")["dictionaries"]["de"]["size"]
+    assert len(d) % 8 == 0
