@@ -580,16 +580,12 @@ def test_reverser_is_not_degenerate(reverser):
     """Guard for the tests below: hypotheses in a beam differ, and the model has learnt something
     of the task (it is half-trained on purpose)."""
     out = search(reverser, src_batch(REV_SRCS), SearchConfig(beam=4, nbest=4))
-    assert out[0][0].tokens[0] == 8 and out[1][0].tokens == [9] and out[4][0].tokens == [6, 6]
     assert all(len({tuple(h.tokens) for h in hyps}) == 4 for hyps in out)
-    assert greedy_differs_from_beam(reverser)
-
-
-def greedy_differs_from_beam(model):
     srcs = [[a, b, c] for a in range(4, 12, 2) for b in range(4, 12, 3) for c in (5, 9)]
-    g = search(model, src_batch(srcs), SearchConfig(beam=1))
-    b = search(model, src_batch(srcs), SearchConfig(beam=4))
-    return any(x[0].tokens != y[0].tokens for x, y in zip(g, b))
+    greedy = search(reverser, src_batch(srcs), SearchConfig(beam=1))
+    beam = search(reverser, src_batch(srcs), SearchConfig(beam=4))
+    assert sum(g[0].tokens[:1] == s[-1:] for s, g in zip(srcs, greedy)) >= 0.75 * len(srcs)  # learnt
+    assert any(g[0].tokens != b[0].tokens for g, b in zip(greedy, beam))  # search matters
 
 
 @pytest.mark.parametrize(
