@@ -20,6 +20,7 @@ from nmtkit.cli import preprocess  # noqa: F401,E402
 from nmtkit.cli import archs  # noqa: F401,E402
 from nmtkit.cli import train  # noqa: F401,E402
 from nmtkit.cli import average_checkpoints  # noqa: F401,E402
+from nmtkit.cli import generate  # noqa: F401,E402
 from nmtkit.cli import plot  # noqa: F401,E402
 from nmtkit.cli import score  # noqa: F401,E402
 

@@ -1,0 +1,330 @@
+"""`nmtkit generate` end to end: inputs (binarized split, raw file, stdin), order, batching,
+empty and over-long lines, output formats, atomic output, ensembles and flag errors.
+
+The data directory is made by the real preprocessing pipeline (sentencepiece, joined dictionary)
+on a tiny synthetic corpus, and the checkpoint holds a real (random-initialised) Transformer;
+search correctness itself is tested in test_search.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmtkit.generation.search import SearchConfig, length_penalty, search
+
+DE = "der die das Hund Katze Haus Baum läuft springt schläft groß klein rot blau ein zwei Mann Frau Kind Straße".split()
+EN = "the the the dog cat house tree runs jumps sleeps big small red blue a two man woman child street".split()
+TEST_SRC = [
+    "der Hund läuft",
+    "ein Mann und eine Frau",  # unknown words: <unk> pieces are possible
+    "",
+    "zwei rot Katze springt groß klein Baum Haus",
+    "   ",
+    "Kind",
+    "die Straße",
+]
+MAX_SRC_POS = 24  # small, so that over-long lines are easy to make
+REFS = [f"the {EN[3 + i]} {EN[4 + i]}" for i in range(len(TEST_SRC))]
+
+# One thread: on a shared, busy machine two spinning OpenMP threads make tiny models 10x slower.
+torch.set_num_threads(1)
+
+
+def _corpus(rng: random.Random, n: int) -> tuple[list[str], list[str]]:
+    src, tgt = [], []
+    for _ in range(n):
+        idx = [rng.randrange(len(DE)) for _ in range(rng.randint(1, 8))]
+        src.append(" ".join(DE[i] for i in idx))
+        tgt.append(" ".join(EN[i] for i in idx))
+    return src, tgt
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(data_dir, checkpoint, second checkpoint, folder with the raw test files)."""
+    from nmtkit.checkpoints import save_checkpoint
+    from nmtkit.data.manifest import load_dictionaries
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+    from nmtkit.models import ArchConfig, Transformer
+
+    root = tmp_path_factory.mktemp("gen")
+    rng = random.Random(0)
+    for pref, n in (("train", 300), ("valid", 10)):
+        s, t = _corpus(rng, n)
+        (root / f"{pref}.de").write_text("\n".join(s) + "\n", encoding="utf-8")
+        (root / f"{pref}.en").write_text("\n".join(t) + "\n", encoding="utf-8")
+    (root / "test.de").write_text("\n".join(TEST_SRC) + "\n", encoding="utf-8")
+    (root / "test.en").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    data = root / "data"
+    preprocess(
+        PreprocessConfig(
+            source_lang="de", target_lang="en", trainpref=str(root / "train"), validpref=[str(root / "valid")],
+            testpref=[str(root / "test")], destdir=str(data), vocab_size=60, joined_dictionary=True,
+        )
+    )
+    src_dict, tgt_dict = load_dictionaries(data)
+    ckpts = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        cfg = ArchConfig(
+            encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4,
+            max_source_positions=MAX_SRC_POS, max_target_positions=64,
+        )
+        model = Transformer(cfg, len(src_dict), len(tgt_dict))
+        with torch.no_grad():  # peaked, source-dependent outputs of a few tokens
+            model.tgt_embed.weight.mul_(2.0)
+        p = root / f"model{seed}.pt"
+        save_checkpoint(
+            {
+                "arch": "test",
+                "arch_config": cfg.to_dict(),
+                "model": model.state_dict(),
+                "dictionaries": {
+                    "src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256,
+                    "src_size": len(src_dict), "tgt_size": len(tgt_dict),
+                },
+            },
+            p,
+        )
+        ckpts.append(p)
+    return data, ckpts[0], ckpts[1], root
+
+
+COMMON = ("--max-len-b", "6", "--quiet", "--threads", "1")
+
+
+def lines(text: str) -> list[str]:
+    assert text.endswith("\n") or text == ""
+    return text.split("\n")[:-1]
+
+
+def library_translation(data, ckpt, src_line: str, cfg: SearchConfig) -> list:
+    """The library's answer for one sentence alone: subword-encode, search, detokenize."""
+    from nmtkit.data.manifest import load_dictionaries
+    from nmtkit.data.subwords import load_subword_model
+    from nmtkit.generation.generator import load_models
+
+    src_dict, tgt_dict = load_dictionaries(data)
+    ids = src_dict.encode(load_subword_model(data, "de").encode(src_line))[: MAX_SRC_POS - 1].tolist()
+    if not ids:
+        return []
+    models = load_models([str(ckpt)], src_dict, tgt_dict, torch.device("cpu"), torch.float32).models
+    hyps = search(models, torch.tensor([ids + [2]]), cfg)[0]
+    detok = load_subword_model(data, "en").decode
+    return [(detok(tgt_dict.string(h.tokens)), h) for h in hyps]
+
+
+def test_split_in_input_order_equals_one_sentence_at_a_time(setup, run_cli):
+    data, ckpt, _, _ = setup
+    r = run_cli("generate", data, "--path", ckpt, *COMMON)
+    assert r.code == 0, r
+    out = lines(r.out)
+    assert len(out) == len(TEST_SRC)
+    cfg = SearchConfig(beam=4, lenpen=0.6, max_len_b=6, max_len_cap=63)
+    for src, got in zip(TEST_SRC, out):
+        want = library_translation(data, ckpt, src, cfg)
+        assert got == (want[0][0] if want else "")
+    assert out[2] == "" and out[4] == ""  # empty and blank inputs
+    assert any(o for o in out)  # guard: the model does produce words
+
+
+@pytest.mark.parametrize("batching", [("--batch-size", "1"), ("--batch-size", "2"), ("--max-tokens", "12"), ("--max-tokens", "1")])
+def test_batching_never_changes_the_output(setup, run_cli, batching):
+    data, ckpt, _, _ = setup
+    ref = run_cli("generate", data, "--path", ckpt, *COMMON)
+    r = run_cli("generate", data, "--path", ckpt, *COMMON, *batching, "--buffer-size", "3")
+    assert r.code == 0, r
+    assert r.out == ref.out
+
+
+def test_raw_input_equals_binarized_split(setup, run_cli, tmp_path):
+    data, ckpt, _, root = setup
+    split = run_cli("generate", data, "--path", ckpt, *COMMON)
+    raw = run_cli("generate", data, "--path", ckpt, "--input", root / "test.de", *COMMON)
+    assert raw.code == 0, raw
+    assert raw.out == split.out
+
+
+def test_stdin_empty_lines_and_nbest(setup, run_cli, monkeypatch):
+    import io
+    import sys
+
+    data, ckpt, _, _ = setup
+    text = "der Hund\n\n \nKatze\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
+    r = run_cli("generate", data, "--path", ckpt, "--input", "-", "--nbest", "3", "--print-scores", *COMMON)
+    assert r.code == 0, r
+    out = lines(r.out)
+    assert len(out) == 4 * 3  # nbest lines per input line, empty inputs included
+    assert out[3:9] == ["0.000000\t"] * 6  # empty and blank lines: empty output, log-prob 0
+    for block in (out[0:3], out[9:12]):
+        scores = [float(line.split("\t")[0]) for line in block]
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
+        assert len({line.split("\t")[1] for line in block}) == 3
+
+
+def test_overlong_line_is_truncated_with_a_warning_naming_it(setup, run_cli, tmp_path):
+    data, ckpt, _, _ = setup
+    f = tmp_path / "in.de"
+    long = " ".join(["Straße"] * 40)
+    f.write_text(f"Hund\n{long}\nKatze\n", encoding="utf-8")
+    r = run_cli("generate", data, "--path", ckpt, "--input", f, *COMMON)
+    assert r.code == 0, r
+    assert len(lines(r.out)) == 3
+    assert f"{f}:2:" in r.err and f"truncated to {MAX_SRC_POS - 1}" in r.err
+    assert f"{f}:1:" not in r.err and f"{f}:3:" not in r.err
+    # The truncated line is translated as its first MAX_SRC_POS - 1 tokens.
+    g = tmp_path / "cut.de"
+    from nmtkit.data.subwords import load_subword_model
+
+    pieces = load_subword_model(data, "de").encode(long)[: MAX_SRC_POS - 1]
+    g.write_text(load_subword_model(data, "de").decode(pieces) + "\n", encoding="utf-8")
+    r2 = run_cli("generate", data, "--path", ckpt, "--input", g, *COMMON)
+    assert lines(r2.out)[0] == lines(r.out)[1]
+
+
+def test_fairseq_format(setup, run_cli):
+    data, ckpt, _, _ = setup
+    r = run_cli("generate", data, "--path", ckpt, "--format", "fairseq", "--nbest", "2", *COMMON)
+    assert r.code == 0, r
+    out = lines(r.out)
+    ids = [int(line.split("\t")[0].split("-")[1]) for line in out]
+    assert ids == sorted(ids) and set(ids) == set(range(len(TEST_SRC)))  # input order, 0-based
+    for i in range(len(TEST_SRC)):
+        block = [line for line, j in zip(out, ids) if j == i]
+        kinds = [line.split("-")[0] for line in block]
+        assert kinds[:2] == ["S", "T"]
+        assert block[1] == f"T-{i}\t{REFS[i]}"  # the reference, detokenized
+        if not TEST_SRC[i].strip():
+            assert kinds == ["S", "T"]  # nothing to translate
+            continue
+        assert kinds[2:] == ["H", "D", "P"] * 2
+        for h, d, p in (block[2:5], block[5:8]):
+            _, hs, pieces = h.split("\t")
+            _, ds, _ = d.split("\t")
+            pos = [float(x) for x in p.split("\t")[1].split()]
+            assert hs == ds
+            ntok = len(pieces.split()) if pieces else 0
+            assert len(pos) == ntok + 1  # </s> included
+            assert float(hs) == pytest.approx(sum(pos) / length_penalty(ntok + 1, 0.6, "gnmt"), abs=1e-3)
+
+
+def test_print_scores_match_fairseq_scores(setup, run_cli):
+    data, ckpt, _, _ = setup
+    plain = lines(run_cli("generate", data, "--path", ckpt, "--print-scores", *COMMON).out)
+    fs = lines(run_cli("generate", data, "--path", ckpt, "--format", "fairseq", *COMMON).out)
+    d_lines = {int(x.split("\t")[0][2:]): x.split("\t", 1)[1] for x in fs if x.startswith("D-")}
+    for i, line in enumerate(plain):
+        if i in d_lines:
+            assert line == d_lines[i]
+        else:
+            assert line == "0.000000\t"
+
+
+def test_output_file_is_atomic(setup, run_cli, tmp_path):
+    data, ckpt, _, _ = setup
+    out = tmp_path / "hyp.txt"
+    r = run_cli("generate", data, "--path", ckpt, "--output", out, *COMMON)
+    assert r.code == 0 and r.out == ""
+    good = out.read_text(encoding="utf-8")
+    assert len(lines(good)) == len(TEST_SRC)
+    bad = tmp_path / "bad.de"
+    bad.write_bytes(b"Hund\nKatze\n\xff\xfe\n")
+    r = run_cli("generate", data, "--path", ckpt, "--input", bad, "--output", out, "--buffer-size", "1", *COMMON)
+    assert r.code == 2 and f"{bad}:3: invalid UTF-8" in r.err and "Traceback" not in r.err
+    assert out.read_text(encoding="utf-8") == good  # the previous output is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.de", "hyp.txt"]  # no temp file left
+
+
+def test_ensemble_of_one_checkpoint_twice_equals_it(setup, run_cli):
+    data, ckpt, ckpt2, _ = setup
+    one = run_cli("generate", data, "--path", ckpt, "--print-scores", *COMMON)
+    two = run_cli("generate", data, "--path", ckpt, "--path", ckpt, "--print-scores", *COMMON)
+    assert two.code == 0 and two.out == one.out
+    mixed = run_cli("generate", data, "--path", ckpt, "--path", ckpt2, *COMMON)
+    assert mixed.code == 0 and len(lines(mixed.out)) == len(TEST_SRC)
+    assert mixed.out != one.out
+
+
+def test_greedy_sampling_and_precision(setup, run_cli):
+    data, ckpt, _, _ = setup
+    g = run_cli("generate", data, "--path", ckpt, "--beam", "1", *COMMON)
+    assert g.code == 0 and len(lines(g.out)) == len(TEST_SRC)
+    s1 = run_cli("generate", data, "--path", ckpt, "--sampling", "--beam", "3", "--nbest", "3", "--seed", "7", *COMMON)
+    s2 = run_cli("generate", data, "--path", ckpt, "--sampling", "--beam", "3", "--nbest", "3", "--seed", "7", *COMMON)
+    assert s1.code == 0 and s1.out == s2.out and len(lines(s1.out)) == 3 * len(TEST_SRC)
+    b = run_cli("generate", data, "--path", ckpt, "--precision", "bf16", "--threads", "1", *COMMON)
+    assert b.code == 0 and len(lines(b.out)) == len(TEST_SRC)
+
+
+def test_pipe_into_score(setup, run_cli, tmp_path):
+    data, ckpt, _, root = setup
+    hyp = tmp_path / "hyp.txt"
+    assert run_cli("generate", data, "--path", ckpt, "-o", hyp, *COMMON).code == 0
+    r = run_cli("score", "--ref", root / "test.en", "--sys", hyp)
+    assert r.code == 0, r
+    assert "BLEU" in r.out
+
+
+def test_refuses_a_checkpoint_of_other_dictionaries(setup, run_cli, tmp_path):
+    from nmtkit.checkpoints import load_checkpoint, save_checkpoint
+
+    data, ckpt, _, _ = setup
+    state = load_checkpoint(ckpt)
+    state["dictionaries"]["tgt_sha256"] = "0" * 64
+    other = tmp_path / "other.pt"
+    save_checkpoint(state, other)
+    r = run_cli("generate", data, "--path", other, *COMMON)
+    assert r.code == 2 and "--path" in r.err and "tgt dictionary" in r.err
+    assert len([x for x in r.err.splitlines() if x.strip()]) == 1
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("--beam", "0"), "--beam"),
+        (("--nbest", "5"), "--nbest"),
+        (("--format", "xml"), "--format"),
+        (("--precision", "fp8"), "--precision"),
+        (("--lenpen-form", "t2t"), "--lenpen-form"),
+        (("--topk", "5"), "--sampling"),
+        (("--max-tokens", "0"), "--max-tokens"),
+        (("--gen-subset", "nosuch"), "nosuch"),
+        (("--gen-subset", "test", "--input", "x"), "--input"),
+        (("--input", "/no/such/file"), "/no/such/file"),
+        (("--device", "cuda:7"), "--device"),
+        (("--device", "tpu"), "--device"),
+        (("--ema",), "--ema"),
+    ],
+)
+def test_flag_errors_are_one_line(setup, run_cli, args, needle):
+    data, ckpt, _, _ = setup
+    if args[:2] == ("--device", "cuda:7") and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has 8 GPUs")
+    r = run_cli("generate", data, "--path", ckpt, *args, *COMMON)
+    assert r.code == 2, r
+    err = [x for x in r.err.splitlines() if x.strip()]
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in r.err
+
+
+def test_missing_checkpoint_and_data_dir(setup, run_cli, tmp_path):
+    data, ckpt, _, _ = setup
+    r = run_cli("generate", data, "--path", tmp_path / "none.pt", *COMMON)
+    assert r.code == 2 and "none.pt" in r.err
+    r = run_cli("generate", tmp_path, "--path", ckpt, *COMMON)
+    assert r.code == 2 and "manifest" in r.err
+
+
+def test_score_is_nan_free_and_lengths_bounded(setup, run_cli):
+    """Every hypothesis respects the output limit a*src_len+b and has a finite score."""
+    data, ckpt, _, _ = setup
+    r = run_cli("generate", data, "--path", ckpt, "--format", "fairseq", "--max-len-a", "0", "--max-len-b", "2", "--quiet")
+    for line in lines(r.out):
+        if line.startswith("H-"):
+            _, score, pieces = line.split("\t")
+            assert math.isfinite(float(score)) and len(pieces.split()) <= 2
