@@ -19,6 +19,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def uninitialized(module_cls: type[nn.Module], *args, **kwargs) -> nn.Module:
+    """Construct without the default init (every caller initializes explicitly).
+
+    Why: nn.Linear / nn.Embedding draw random weights that we overwrite at once; skipping that
+    halves model construction time (seconds for the big model). Honors `with torch.device(...)`
+    (e.g. the meta device for parameter counting).
+    """
+    return torch.nn.utils.skip_init(module_cls, *args, device=torch.empty(0).device, **kwargs)
+
+
 class MultiheadAttention(nn.Module):
     """h heads of scaled dot-product attention followed by the output projection W^O."""
 
@@ -29,11 +39,11 @@ class MultiheadAttention(nn.Module):
         self.dropout = dropout
         self.self_attention = self_attention
         if self_attention:
-            self.qkv_proj = nn.Linear(d_model, heads * (2 * d_k + d_v), bias=False)
+            self.qkv_proj = uninitialized(nn.Linear, d_model, heads * (2 * d_k + d_v), bias=False)
         else:
-            self.q_proj = nn.Linear(d_model, heads * d_k, bias=False)
-            self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v), bias=False)
-        self.out_proj = nn.Linear(heads * d_v, d_model, bias=False)
+            self.q_proj = uninitialized(nn.Linear, d_model, heads * d_k, bias=False)
+            self.kv_proj = uninitialized(nn.Linear, d_model, heads * (d_k + d_v), bias=False)
+        self.out_proj = uninitialized(nn.Linear, heads * d_v, d_model, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -17,6 +17,7 @@ The interface (docs/internals.md) is what training and beam search code against:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmtkit.errors import UserError
-from nmtkit.models.attention import KVCache, MultiheadAttention
+from nmtkit.models.attention import KVCache, MultiheadAttention, uninitialized
 from nmtkit.models.registry import ArchConfig
 
 
@@ -44,18 +45,31 @@ def sinusoid_table(max_positions: int, d_model: int) -> Tensor:
     return table.float()
 
 
+@functools.lru_cache(maxsize=8)
+def _cached_sinusoid_table(max_positions: int, d_model: int) -> Tensor:
+    return sinusoid_table(max_positions, d_model)
+
+
 class PositionalEncoding(nn.Module):
     """Position vectors for positions [offset, offset + length): sinusoidal or learned."""
 
     def __init__(self, max_positions: int, d_model: int, learned: bool, which: str):
         super().__init__()
-        self.max_positions, self.learned, self.which = max_positions, learned, which
+        self.max_positions, self.d_model, self.learned, self.which = max_positions, d_model, learned, which
         if learned:
             self.weight = nn.Parameter(torch.empty(max_positions, d_model))
-            nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
         else:
             # Not persistent: a function of the config, so checkpoints need not carry it.
-            self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
+            self.register_buffer("table", torch.empty(max_positions, d_model), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Learned: N(0, d^-1/2); sinusoidal: (re)fill the table (e.g. after `to_empty`)."""
+        with torch.no_grad():
+            if self.learned:
+                nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
+            elif self.table.device.type != "meta":
+                self.table.copy_(_cached_sinusoid_table(self.max_positions, self.d_model))
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """-> (length, d_model)."""
@@ -73,8 +87,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
         super().__init__()
-        self.fc1 = nn.Linear(d_model, d_ff)
-        self.fc2 = nn.Linear(d_ff, d_model)
+        self.fc1 = uninitialized(nn.Linear, d_model, d_ff)
+        self.fc2 = uninitialized(nn.Linear, d_ff, d_model)
         self.activation_dropout = activation_dropout
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
@@ -237,7 +251,7 @@ class Transformer(nn.Module):
         self.tgt_embed = self._embedding(tgt_vocab_size, d, pad_idx)
         self.src_embed = (self.tgt_embed if cfg.share_embeddings == "all"
                           else self._embedding(src_vocab_size, d, pad_idx))
-        self.out_proj = nn.Linear(d, tgt_vocab_size, bias=False)
+        self.out_proj = uninitialized(nn.Linear, d, tgt_vocab_size, bias=False)
         if cfg.share_embeddings in ("all", "decoder"):
             self.out_proj.weight = self.tgt_embed.weight
         else:
@@ -253,7 +267,7 @@ class Transformer(nn.Module):
 
     @staticmethod
     def _embedding(vocab: int, d: int, pad_idx: int) -> nn.Embedding:
-        emb = nn.Embedding(vocab, d, padding_idx=pad_idx)
+        emb = uninitialized(nn.Embedding, vocab, d, padding_idx=pad_idx)
         # N(0, d^-1/2): after the sqrt(d) scaling the embeddings have unit variance, and as the
         # (shared) output projection the initial logits stay O(1) (tensor2tensor, fairseq).
         nn.init.normal_(emb.weight, mean=0.0, std=d**-0.5)
