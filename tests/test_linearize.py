@@ -1,0 +1,312 @@
+"""Linearized trees: exact round trips, the strict reader, and `repair` of arbitrary model output.
+
+Real-tree checks run on every tree of the Penn Treebank sample in ../shared/data/ptb (skipped when
+absent); repair is checked by hand-worked cases and by seeded random sequences (the `hypothesis`
+library is not installed in the project environment, so the property tests draw their own cases).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from nmtkit.io import read_lines
+from nmtkit.parsing.linearize import (
+    PUNCTUATION_TAG_OF_WORD,
+    delinearize,
+    escape_word,
+    fix_punctuation_tags,
+    linearize,
+    linearize_line,
+    mask_tags,
+    output_tree_line,
+    repair,
+    tree_line,
+)
+from nmtkit.parsing.treebank import normalize_tree
+from nmtkit.parsing.trees import Tree, TreeError
+from nmtkit.scoring.parseval import TooManyErrors, evaluate
+from tests.conftest import shared_file
+
+JOHN = "(TOP (S (NP (NNP John)) (VP (VBZ has) (NP (DT a) (NN dog))) (. .)))"
+
+
+def T(text: str) -> Tree:
+    return Tree.parse(text)
+
+
+def R(seq: str, words: str, pos: str = "keep") -> str:
+    return repair(seq, words, pos).to_string()
+
+
+# ----------------------------------------------------------------------------- linearization
+
+
+def test_linearize_the_example_in_both_pos_modes():
+    assert linearize_line(T(JOHN)) == ("John has a dog .", "(S (NP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S")
+    assert linearize_line(T(JOHN), "xx") == ("John has a dog .", "(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S")
+    # a tree without the TOP root linearizes the same; the way back always adds TOP
+    assert linearize_line(T(JOHN).children[0]) == linearize_line(T(JOHN))
+    words, seq = linearize(T(JOHN))
+    assert delinearize(seq, words).to_string() == JOHN
+    assert delinearize(" ".join(seq), " ".join(words)).to_string() == JOHN  # strings are split on spaces
+    xx = delinearize(linearize(T(JOHN), "xx")[1], words, "xx")
+    assert xx.to_string() == mask_tags(T(JOHN)).to_string() == (
+        "(TOP (S (NP (XX John)) (VP (XX has) (NP (XX a) (XX dog))) (XX .)))"
+    )
+    # several constituents under TOP, and a preterminal directly under it
+    t = T("(TOP (NP (NN a)) (VB b))")
+    assert linearize_line(t) == ("a b", "(NP NN )NP VB")
+    assert delinearize("(NP NN )NP VB", "a b").to_string() == t.to_string()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "(TOP (S (NP (DT the) dog) (VP (VBZ runs))))",  # word directly under a phrase
+        "(TOP (S (NP) (VP (VBZ runs))))",  # constituent without words
+        "(TOP John)",  # word directly under the root
+        "(TOP (S ( (NN a))))",  # unlabeled inner constituent
+        "(TOP (S (<unk> a)))",  # a tag that would read back as a special symbol
+    ],
+)
+def test_linearize_refuses_trees_it_cannot_hold_exactly(bad):
+    with pytest.raises(TreeError):
+        linearize(T(bad))
+
+
+@pytest.mark.parametrize(
+    "seq, words, why",
+    [
+        ("(S NN )NP", "a", "closes (S"),
+        ("(S NN )S )S", "a", "closes nothing"),
+        ("(S NN", "a", "not closed"),
+        ("(S NN <unk> )S", "a", "not a bracket"),
+        ("(S (NP )NP NN )S", "a", "empty constituent"),
+        ("(S NN NN )S", "a", "2 preterminals for 1 words"),
+        ("(S XX NN )S", "a b", "not a bracket or a placeholder"),
+    ],
+)
+def test_delinearize_is_strict(seq, words, why):
+    with pytest.raises(TreeError, match=re.escape(why)):
+        delinearize(seq, words, "xx" if "placeholder" in why else "keep")
+
+
+@pytest.fixture(scope="module")
+def sample_trees():
+    """Every tree of the sample (3914), normalized: from the one-tree-per-line copy of the .mrg files."""
+    lines = read_lines(shared_file("ptb", "wsj_0001-0199.oneline.mrg.gz"))
+    trees = [normalize_tree(Tree.parse(line)) for line in lines]
+    assert len(trees) == 3914 and all(t is not None for t in trees)
+    return trees
+
+
+def test_round_trip_is_exact_on_every_sample_tree(sample_trees):
+    for i, t in enumerate(sample_trees):
+        words, seq = linearize(t, "keep")
+        assert words == t.leaves()
+        assert delinearize(seq, words, "keep").to_string() == t.to_string(), i
+        # repair leaves a valid sequence alone
+        assert repair(seq, words, "keep").to_string() == t.to_string(), i
+        words_xx, seq_xx = linearize(t, "xx")
+        assert words_xx == words
+        # xx: identical bracket structure, every tag XX
+        assert delinearize(seq_xx, words, "xx").to_string() == mask_tags(t).to_string(), i
+        assert [tok for tok in seq_xx if tok[0] in "()"] == [tok for tok in seq if tok[0] in "()"]
+
+
+def test_parseval_of_gold_against_repaired_gold_linearization(sample_trees):
+    gold = [t.to_string() for t in sample_trees]
+    repaired = {}
+    for pos in ("keep", "xx"):
+        repaired[pos] = [repair(s, w, pos) for w, s in (linearize(t, pos) for t in sample_trees)]
+    # keep, tags as predicted (what output_tree_line(..., fix_punctuation=False) writes): identical
+    r = evaluate(gold, [tree_line(t) for t in repaired["keep"]])
+    assert (r.all.f1, r.all.valid, r.all.complete_match, r.all.tagging_accuracy) == (100.0, 3914, 100.0, 100.0)
+    assert output_tree_line(*linearize(sample_trees[0])[::-1], fix_punctuation=False) == gold[0]
+    # with the punctuation-tag fix (output_tree_line's default), in both modes: 100 on every sentence
+    # but one, line 453, whose gold tree tags the word "Wa" as "," (an annotation error; the fix makes
+    # it XX, so gold deletes a word that the output keeps: EVALB's "Length unmatch")
+    for pos in ("keep", "xx"):
+        r = evaluate(gold, [tree_line(fix_punctuation_tags(t)) for t in repaired[pos]])
+        assert (r.all.f1, r.all.valid, r.all.complete_match) == (100.0, 3913, 100.0), pos
+        assert [(s.line, s.message) for s in r.sentences if s.status] == [
+            (453, "Length unmatch (33|34): gold and test have different word counts")
+        ]
+        # xx: the only right tags are the 63 possessive ' that the fix tags POS (punctuation is not counted)
+        assert r.all.correct_tags == (r.all.words if pos == "keep" else 63)
+    # without the fix, `xx` trees cannot be scored at all: EVALB keeps every XX-tagged punctuation mark
+    with pytest.raises(TooManyErrors):
+        evaluate(gold, [tree_line(t) for t in repaired["xx"]])
+
+
+# ------------------------------------------------------------------------------------ repair
+
+
+@pytest.mark.parametrize(
+    "seq, words, expected",
+    [
+        # valid input is returned as is
+        ("(S (NP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S", "John has a dog .", JOHN),
+        # cut off by the length limit: open constituents are closed; the missing word goes where it stopped
+        (
+            "(S (NP NNP )NP (VP VBZ (NP DT NN",
+            "John has a dog .",
+            "(TOP (S (NP (NNP John)) (VP (VBZ has) (NP (DT a) (NN dog) (XX .)))))",
+        ),
+        # a closing label that matches an outer constituent closes everything inside it
+        (
+            "(S (VP VB (NP DT NN )VP . )S",
+            "eat the cake .",
+            "(TOP (S (VP (VB eat) (NP (DT the) (NN cake))) (. .)))",
+        ),
+        # a closing label that matches nothing open, or a bare ")", closes the innermost
+        ("(S (NP DT NN )VP VB )S", "the dog barked", "(TOP (S (NP (DT the) (NN dog)) (VB barked)))"),
+        ("(S (NP DT NN ) VB )", "the dog barked", "(TOP (S (NP (DT the) (NN dog)) (VB barked)))"),
+        # stray closing brackets and unknown tokens are dropped
+        (")S )NP (S <unk> NN </s> a(b ( <pad> )S )S", "dogs", "(TOP (S (NN dogs)))"),
+        # too many preterminals: the rightmost go, and the constituents they leave empty
+        ("(S (NP DT NN )NP (VP VB NN )VP )S", "the dog", "(TOP (S (NP (DT the) (NN dog))))"),
+        # too few, root closed: appended at the end of the last constituent under TOP
+        ("(S NN )S", "a b c", "(TOP (S (NN a) (XX b) (XX c)))"),
+        # no brackets at all / several constituents under TOP
+        ("", "a b", "(TOP (XX a) (XX b))"),
+        ("NN VB", "a b", "(TOP (NN a) (VB b))"),
+        ("(NP NN )NP (VP VB )VP", "a b", "(TOP (NP (NN a)) (VP (VB b)))"),
+        ("(NP NN )NP VB", "a", "(TOP (NP (NN a)))"),
+        # constituents that never get a word vanish
+        ("(S (NP )NP (VP (PP )PP VB )VP )S", "go", "(TOP (S (VP (VB go))))"),
+        # no words: (TOP), whatever the sequence
+        ("(S (NP NN )NP )S", "", "(TOP)"),
+        ("", "", "(TOP)"),
+    ],
+)
+def test_repair_hand_made_cases(seq, words, expected):
+    assert R(seq, words) == expected
+
+
+def test_repair_xx_mode_accepts_only_the_placeholder():
+    assert R("(S XX NN (NP XX )NP )S", "a b", "xx") == "(TOP (S (XX a) (NP (XX b))))"
+    assert R("(S NN )S", "a", "xx") == "(TOP (S (XX a)))"  # NN is unknown in xx mode: dropped, then padded
+
+
+def test_repair_handles_deep_garbage_without_recursion():
+    seq = "(X " * 5000 + "NN"
+    t = repair(seq, "a b")
+    assert t.leaves() == ["a", "b"] and t.height() == 5000 + 3
+    assert Tree.parse(tree_line(t)).to_string() == t.to_string()
+
+
+def test_repair_output_for_an_empty_sentence_is_skipped_by_parseval():
+    line = output_tree_line("(S NN )S", "")
+    assert line == "(TOP)"
+    r = evaluate(["(TOP (S (NN a)))", "(TOP (S (NN b)))"], ["(TOP (S (NN a)))", line])
+    assert [s.status for s in r.sentences] == [0, 2] and r.all.f1 == 100.0 and not r.warnings[:-1]
+
+
+_POOL = [
+    "(S", "(NP", "(VP", "(PP", "(SBAR", ")S", ")NP", ")VP", ")PP", ")", ")X", "(",
+    "NN", "DT", "VB", "IN", ",", ".", "XX", "<unk>", "</s>", "<s>", "a(b", "((NP", ")NP)", "-LRB-",
+]  # fmt: skip
+
+
+def _check_well_formed(t: Tree, words: list[str]) -> None:
+    assert t.label == "TOP"
+    assert t.leaves() == words
+    assert len(t.preterminals()) == len(words)
+    for node in t.subtrees():
+        if node is t or node.is_preterminal():
+            continue
+        assert node.label and "(" not in node.label and ")" not in node.label
+        assert node.children and all(isinstance(c, Tree) for c in node.children)
+    assert all(isinstance(c, Tree) for c in t.children)
+    line = tree_line(t)
+    assert "\n" not in line and Tree.parse(line).to_string() == line
+
+
+def test_repair_property_any_sequence_gives_a_well_formed_tree_with_the_words():
+    rng = random.Random(1234)
+    for case in range(3000):
+        pos = "xx" if case % 3 == 0 else "keep"
+        seq = [rng.choice(_POOL) for _ in range(rng.randrange(0, 40))]
+        words = [f"w{i}" for i in range(rng.randrange(0, 15))]
+        t = repair(seq, words, pos)
+        _check_well_formed(t, words)
+        # the repaired tree is valid: its linearization reads back strictly, and repair is idempotent
+        w2, s2 = linearize(t, pos) if words else ([], [])
+        assert w2 == words
+        assert delinearize(s2, words, pos).to_string() == t.to_string() == repair(s2, words, pos).to_string()
+
+
+def _random_tree(rng: random.Random, words: list[str]) -> Tree:
+    """A random well-formed tree over `words` (every word under its own preterminal)."""
+    labels, tags = ["S", "NP", "VP", "PP", "ADJP", "SBAR"], ["NN", "DT", "VB", "IN", "JJ", ",", "."]
+    items: list[Tree] = [Tree(rng.choice(tags), [w]) for w in words]
+    while len(items) > 1 or rng.random() < 0.3:
+        i = rng.randrange(len(items))
+        j = rng.randrange(i, min(len(items), i + 3)) + 1
+        items[i:j] = [Tree(rng.choice(labels), items[i:j])]
+    return Tree("TOP", items)
+
+
+def test_repair_property_valid_sequences_are_unchanged():
+    rng = random.Random(99)
+    for _ in range(1500):
+        words = [f"w{i}" for i in range(rng.randrange(1, 12))]
+        t = _random_tree(rng, words)
+        for pos in ("keep", "xx"):
+            w, s = linearize(t, pos)
+            expect = (t if pos == "keep" else mask_tags(t)).to_string()
+            assert delinearize(s, w, pos).to_string() == repair(s, w, pos).to_string() == expect
+
+
+def test_repaired_random_output_always_scores():
+    # what `nmtkit generate | nmtkit score --metric parseval` sees from a model emitting garbage
+    rng = random.Random(7)
+    gold, test = [], []
+    for _ in range(200):
+        words = rng.choice(["The dog barked .", "`` Yes , ' he said ' .", "It 's 5 % -- or less ."]).split()
+        gold.append(_random_tree(rng, words))
+        gold[-1] = fix_punctuation_tags(gold[-1])  # gold trees tag punctuation as PTB does
+        seq = [rng.choice(_POOL) for _ in range(rng.randrange(0, 30))]
+        test.append(output_tree_line(seq, words, rng.choice(["keep", "xx"])))
+    r = evaluate([g.to_string() for g in gold], test)
+    assert r.all.valid == 200 and r.all.error_sentences == r.all.skip_sentences == 0
+
+
+# ------------------------------------------------------------------------------ punctuation
+
+
+def test_fix_punctuation_tags():
+    t = T("(TOP (S (XX ``) (XX Yes) (, x) (XX ,) (XX ') (NN the) (XX investors) (NN ') (XX ?) (XX '') (XX --)))")
+    assert fix_punctuation_tags(t).to_string() == (
+        "(TOP (S (`` ``) (XX Yes) (XX x) (, ,) (POS ') (NN the) (XX investors) (POS ') (. ?) ('' '') (: --)))"
+    )
+    # a lone ' closes a single quote opened by ` earlier, or sits right before ''
+    t = T("(TOP (S (XX `) (XX Hi) (XX ') (XX said) (XX ') (XX '')))")
+    assert fix_punctuation_tags(t).to_string() == "(TOP (S (`` `) (XX Hi) ('' ') (XX said) ('' ') ('' '')))"
+    # other tags that make EVALB delete a word are reset too
+    t = T("(TOP (S (-NONE- a) (TOP b) (NN c)))")
+    assert fix_punctuation_tags(t).to_string() == "(TOP (S (XX a) (XX b) (NN c)))"
+    # a predicted '' or POS on ' is kept; the input is not changed
+    t = T("(TOP (S (POS ') ('' ')))")
+    assert fix_punctuation_tags(t).to_string() == t.to_string()
+    assert set(PUNCTUATION_TAG_OF_WORD.values()) == {",", ".", ":", "``", "''"}
+
+
+def test_tree_line_escapes_parentheses_in_words():
+    assert escape_word("a(b)") == "a-LRB-b-RRB-" and escape_word("dog") == "dog"
+    t = repair("(S NN NN )S", ["(", "x)"])
+    assert t.leaves() == ["(", "x)"]  # the tree keeps the words; only the line escapes them
+    assert tree_line(t) == "(TOP (S (NN -LRB-) (NN x-RRB-)))"
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="part-of-speech mode"):
+        linearize(T(JOHN), "tags")
+    with pytest.raises(ValueError, match="part-of-speech mode"):
+        repair("", "a", "XX")
+    with pytest.raises(ValueError, match="whitespace"):
+        repair("", ["a b"])
