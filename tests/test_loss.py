@@ -67,3 +67,13 @@ def test_reporting_units():
     assert bits_per_token(2 * math.log(4), 2) == pytest.approx(2.0)
     assert perplexity(2.0) == pytest.approx(4.0)
     assert perplexity(5000.0) == math.inf
+
+
+def test_custom_backward_passes_gradcheck():
+    from nmtkit.training.loss import _LabelSmoothedCE
+
+    torch.manual_seed(2)
+    z = torch.randn(6, 7, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([1, 2, 0, 6, 3, 0])  # two padded positions
+    assert torch.autograd.gradcheck(lambda x: _LabelSmoothedCE.apply(x, t, 0.1, 0)[0], (z,))
+    assert torch.autograd.gradcheck(lambda x: _LabelSmoothedCE.apply(x, t, 0.0, 0)[0], (z,))

@@ -280,3 +280,9 @@ def test_cli_train_and_flag_errors(data_dir, tmp_path, run_cli):
         r = run_cli("train", data_dir, "--arch", "transformer_tiny", "--save-dir", tmp_path / "e", *args)
         assert r.code == 2 and msg in r.err, (args, r)
     assert not (tmp_path / "e").exists()  # refused before any work
+
+
+def test_prefetch_thread_gives_the_same_updates(data_dir, tmp_path):
+    a = T.train(config(data_dir, tmp_path / "p0", max_update=4, no_validate=True, prefetch=False))
+    b = T.train(config(data_dir, tmp_path / "p1", max_update=4, no_validate=True, prefetch=True))
+    assert a.losses == b.losses

@@ -77,6 +77,7 @@ class TrainConfig:
     log_interval: int = 100
     progress_bar: bool = True
     log_file: str = "train_log.jsonl"
+    prefetch: bool | None = None  # collate the next update in a thread; None = on for CUDA only
 
     def validate(self) -> "TrainConfig":
         """Raise UserError naming the first bad flag; return self."""

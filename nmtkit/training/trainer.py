@@ -206,11 +206,13 @@ class Trainer:
         self.n_params = sum(p.numel() for p in self.params)
         opt_kwargs: dict[str, Any] = dict(lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                                           weight_decay=cfg.weight_decay)
-        if self.device.type == "cuda":
-            opt_kwargs["fused"] = True
         # AdamW: with --weight-decay 0 (the paper) it is exactly Adam; with decay it is decoupled,
-        # as fairseq's adam does.
-        self.optimizer = torch.optim.AdamW(self.params, **opt_kwargs)
+        # as fairseq's adam does. The fused kernel (CPU and CUDA) updates all parameters in one
+        # pass per tensor; on CPU it measured 3-10x faster than the default per-parameter loop.
+        try:
+            self.optimizer = torch.optim.AdamW(self.params, fused=True, **opt_kwargs)
+        except (RuntimeError, ValueError, TypeError):  # a torch build without the fused kernel here
+            self.optimizer = torch.optim.AdamW(self.params, **opt_kwargs)
         self.schedule = Schedule(cfg.lr_scheduler, warmup=self.warmup, d_model=self.arch_cfg.d_model,
                                  lr_scale=cfg.lr_scale, peak_lr=cfg.lr, warmup_init_lr=cfg.warmup_init_lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
@@ -377,13 +379,15 @@ class Trainer:
         D.all_reduce_sum(sums, info)
         if self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
-        gnorm_t = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], foreach=True)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        gnorm_t = _total_norm(grads)
         gnorm, loss_sum, nll_sum = float(gnorm_t), float(sums[0]), float(sums[1])
         finite = math.isfinite(gnorm) and math.isfinite(loss_sum)
         out = {"ntokens": ntok_total, "nsentences": nsent_total, "loss_sum": loss_sum, "nll_sum": nll_sum,
                "gnorm": gnorm, "lr": lr, "applied": False}
         if finite and cfg.clip_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, cfg.clip_norm, gnorm_t, foreach=True)
+            coef = torch.clamp(cfg.clip_norm / (gnorm_t + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
         if self.scaler.is_enabled():
             self.scaler.step(self.optimizer)  # skipped by the scaler itself on inf/NaN gradients
             self.scaler.update()
@@ -594,20 +598,14 @@ class Trainer:
         while True:
             batches = self.train_batches.batches(st.epoch)
             n = len(batches)
-            while st.batch_offset < n:
-                group = batches[st.batch_offset : st.batch_offset + cfg.update_freq]
-                collated = [collate(self.train_src, self.train_tgt, idx, self.pad_multiple) for idx in group]
+            for group, collated in self._groups(batches, st.batch_offset):
                 out = self._train_step(collated)
                 st.batch_offset += len(group)
                 if not info.enabled:  # one process: act on the newest state (no need to agree with others)
                     self._pending_flags = [x > 0 for x in self._flags()]
                 signal_seen, time_up, timed_save = self._pending_flags
                 self._after_step(out, interval, result)
-                epoch_done = st.batch_offset >= n
-                if epoch_done:
-                    reason = self._end_epoch()
-                    if reason:
-                        return reason
+                if st.batch_offset >= n:  # the epoch's last update: _end_epoch below handles it
                     break
                 if self.validator is not None and cfg.validate_interval_updates and out["applied"] and \
                         st.update % cfg.validate_interval_updates == 0:
@@ -627,6 +625,38 @@ class Trainer:
                     if stop:
                         self._final_save()
                         return why
+            reason = self._end_epoch()  # also when a resumed position was already past the end
+            if reason:
+                return reason
+
+    def _groups(self, batches: list, start: int):
+        """(batch index arrays, collated batches) of each update of the epoch from batch `start` on.
+
+        With prefetching (default on CUDA) the next update's batches are collated and pinned in a
+        background thread while the current update runs on the device.
+        """
+        k = self.cfg.update_freq
+        groups = [batches[i : i + k] for i in range(start, len(batches), k)]
+        pin = self.device.type == "cuda"
+
+        def make(group):
+            out = [collate(self.train_src, self.train_tgt, idx, self.pad_multiple) for idx in group]
+            return [b.pin_memory() for b in out] if pin else out
+
+        prefetch = self.cfg.prefetch if self.cfg.prefetch is not None else self.device.type == "cuda"
+        if not prefetch or not groups:
+            for g in groups:
+                yield g, make(g)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmtkit-collate") as pool:
+            future = pool.submit(make, groups[0])
+            for j, g in enumerate(groups):
+                collated = future.result()
+                if j + 1 < len(groups):
+                    future = pool.submit(make, groups[j + 1])
+                yield g, collated
 
     def _after_step(self, out: dict, interval: "_Interval", result: TrainResult) -> None:
         cfg, st = self.cfg, self.state
@@ -728,6 +758,13 @@ class _Interval:
             rec["loss_scale"] = loss_scale
         self.reset()
         return rec
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Global L2 norm of all gradients (one fused norm per tensor, then the norm of the norms)."""
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
