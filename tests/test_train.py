@@ -286,3 +286,33 @@ def test_prefetch_thread_gives_the_same_updates(data_dir, tmp_path):
     a = T.train(config(data_dir, tmp_path / "p0", max_update=4, no_validate=True, prefetch=False))
     b = T.train(config(data_dir, tmp_path / "p1", max_update=4, no_validate=True, prefetch=True))
     assert a.losses == b.losses
+
+
+def test_time_limits_and_timed_checkpoints(data_dir, tmp_path):
+    res = T.train(config(data_dir, tmp_path / "t", max_update=5, no_validate=True, max_time=1e-9))
+    assert res.reason == "max_time" and res.update == 1
+    assert ck.load_checkpoint(tmp_path / "t" / "checkpoint_last.pt")["update"] == 1
+    T.train(config(data_dir, tmp_path / "m", max_update=3, no_validate=True, save_interval_minutes=1e-9,
+                   keep_last_updates=2))
+    assert sorted(p.name for p in (tmp_path / "m").glob("checkpoint_*_*.pt")) == [
+        "checkpoint_1_2.pt", "checkpoint_1_3.pt"]
+
+
+def test_fp16_overflow_is_skipped_by_the_loss_scaler(data_dir, tmp_path, monkeypatch):
+    real = T.label_smoothed_cross_entropy
+    calls = {"n": 0}
+
+    def fake(logits, target, eps, ignore_index=0):
+        loss, nll, n = real(logits, target, eps, ignore_index)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            loss = loss * float("inf")  # as an fp16 overflow would make it
+        return loss, nll, n
+
+    monkeypatch.setattr(T, "label_smoothed_cross_entropy", fake)
+    res = T.train(config(data_dir, tmp_path / "h", max_update=2, no_validate=True, precision="fp16", max_tokens=64))
+    assert res.update == 2 and res.nan_skips == 0
+    skips = [r for r in read_log(tmp_path / "h" / "train_log.jsonl") if r["type"] == "skip"]
+    assert [s["reason"] for s in skips] == ["fp16_overflow"]
+    scaler = ck.load_checkpoint(tmp_path / "h" / "checkpoint_last.pt")["train"]["scaler"]
+    assert scaler["scale"] == 2.0**15  # 2^16 halved once

@@ -567,7 +567,8 @@ class Trainer:
                         "arch": self.cfg.arch, "arch_config": self.arch_cfg.to_dict(), "params": self.n_params,
                         "world_size": self.info.world_size, "device": str(self.device),
                         "precision": self.cfg.precision, "train_pairs": len(self.train_src),
-                        "train_pairs_skipped": f.skipped, "batches_per_epoch": len(self.train_batches)})
+                        "train_pairs_skipped": f.skipped, "batches_per_epoch": len(self.train_batches),
+                        "peak_rss_mib": _peak_rss_mib()})
         where = (f"resuming from {self.save_dir / LAST} at update {st.update} (epoch {st.epoch}, batch "
                  f"{st.batch_offset})" if self.resumed else "starting")
         self.progress.line(
@@ -756,8 +757,21 @@ class _Interval:
                "tgt_tok_per_s": self.ntokens / wall if wall > 0 else 0.0}
         if loss_scale is not None:
             rec["loss_scale"] = loss_scale
+        rec["peak_rss_mib"] = _peak_rss_mib()
         self.reset()
         return rec
+
+
+def _peak_rss_mib() -> float | None:
+    """This process's peak resident memory so far (MiB), where the OS reports it."""
+    try:
+        import resource
+        import sys
+
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return round(kib / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS
+    except (ImportError, OSError):
+        return None
 
 
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -86,12 +86,12 @@ fi
 python - "$RESULTS" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print("\n| run | pairs | updates | tgt tok/s | peak RSS MiB | wall s | last train loss (bits) | ppl |")
-print("|---|---|---|---|---|---|---|---|")
+print("\n| run | pairs | updates | tgt tok/s | peak RSS MiB | RSS after set-up MiB | wall s | last train loss (bits) | ppl |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     lt = r["last_train"] or {}
     print(f"| {r['label']} | {r['train_pairs']} | {r['updates']} | {r['tgt_tok_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
-          f"{r['wall_s']:.0f} | {lt.get('loss', float('nan')):.3f} | {lt.get('ppl', float('nan')):.1f} |")
+          f"{r['setup_rss_mib']} | {r['wall_s']:.0f} | {lt.get('loss', float('nan')):.3f} | {lt.get('ppl', float('nan')):.1f} |")
 main = rows[0]
 print(f"\nloss curve end ({main['label']}): " + ", ".join(f"u{u}: {l}" for u, l in main["loss_curve"][-4:]))
 if main["last_valid"]:
@@ -100,6 +100,7 @@ if main["last_valid"]:
 mem = [r for r in rows if r["label"].startswith("memcheck")]
 if len(mem) == 2:
     print(f"peak RSS {mem[0]['label']}: {mem[0]['peak_rss_mib']:.0f} MiB, {mem[1]['label']}: "
-          f"{mem[1]['peak_rss_mib']:.0f} MiB ({mem[1]['train_pairs']} vs {mem[0]['train_pairs']} pairs)")
+          f"{mem[1]['peak_rss_mib']:.0f} MiB ({mem[1]['train_pairs']} vs {mem[0]['train_pairs']} pairs); after "
+          f"loading data and model: {mem[0]['setup_rss_mib']} vs {mem[1]['setup_rss_mib']} MiB")
 print(f"(tok/s = {main['how']}; results: {sys.argv[1]})")
 PY

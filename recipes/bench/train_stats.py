@@ -49,7 +49,8 @@ def main() -> int:
     out = {
         "label": a.label, "updates": train[-1]["update"] if train else 0, "wall_s": round(wall, 2),
         "tgt_tok_per_s": round(tps, 1), "how": how, "interval_tok_per_s": [round(x, 1) for x in rates],
-        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "params": start.get("params"),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "setup_rss_mib": start.get("peak_rss_mib"),
+        "params": start.get("params"),
         "train_pairs": start.get("train_pairs"), "batches_per_epoch": start.get("batches_per_epoch"),
         "last_train": {k: train[-1][k] for k in ("update", "loss", "nll_loss", "ppl", "lr")} if train else None,
         "last_valid": {k: valid[-1][k] for k in ("update", "loss", "nll_loss", "ppl")} if valid else None,
@@ -59,7 +60,7 @@ def main() -> int:
         fh.write(json.dumps(out) + "\n")
     lt = out["last_train"] or {}
     print(f"[{a.label}] {out['updates']} updates in {wall:.0f} s; {tps:.0f} tgt tok/s ({how}); "
-          f"peak RSS {out['peak_rss_mib']:.0f} MiB; last train loss {lt.get('loss', float('nan')):.3f} bits "
+          f"peak RSS {out['peak_rss_mib']:.0f} MiB ({out['setup_rss_mib']} after set-up); last train loss {lt.get('loss', float('nan')):.3f} bits "
           f"(nll {lt.get('nll_loss', float('nan')):.3f}, ppl {lt.get('ppl', float('nan')):.1f})", flush=True)
     return 0
 
