@@ -681,3 +681,22 @@ def test_real_transformer_ensemble(reverser):
     for cfg in (SearchConfig(beam=4, nbest=2), SearchConfig(beam=1)):
         same(search(reverser, src, cfg), search([reverser, reverser], src, cfg))
         same(search([reverser, other], src, cfg), search([Uncached(reverser), Uncached(other)], src, cfg))
+
+
+@pytest.mark.parametrize("V", [7, 100, 8008, 8003, 33])
+@pytest.mark.parametrize("k", [1, 4, 5])
+def test_row_topk_equals_torch_topk(V, k):
+    from nmtkit.generation.search import row_topk
+
+    if k > V:
+        pytest.skip("k > V")
+    g = torch.Generator().manual_seed(V * 10 + k)
+    x = torch.randn(37, V, generator=g)
+    x[0] = -math.inf  # a dead row
+    x[1, : V // 2] = -math.inf
+    x[2, V - 1] = 100.0  # the best in the trailing columns that belong to no group
+    v, i = row_topk(x, k)
+    rv, ri = x.topk(k, dim=1)
+    assert torch.equal(v, rv)
+    assert torch.equal(x.gather(1, i), rv)  # same values at the returned indices
+    assert torch.equal(i[3:], ri[3:])  # no ties in random rows: the same indices

@@ -150,7 +150,11 @@ class _Ensemble:
         return out
 
     def step(self, prev: torch.Tensor, encs: list, caches: list) -> torch.Tensor:
-        """prev: (N, 1) newest tokens -> (N, V) float32 log-probabilities."""
+        """prev: (N, 1) newest tokens -> (N, V) float32 log-probabilities (the mean over models).
+
+        (log_softmax rather than logits minus torch.logsumexp: on CPU the fused log_softmax
+        kernel is the faster of the two.)
+        """
         lp = None
         for m, e, c in zip(self.models, encs, caches):
             logits = m.decode_step(prev, e, c)  # (N, 1, V)
@@ -184,6 +188,29 @@ def max_lengths(src_tokens: torch.Tensor, cfg: SearchConfig) -> torch.Tensor:
     if cfg.max_len_cap is not None:
         lim = lim.clamp(max=max(cfg.max_len_cap, 0))
     return lim
+
+
+def row_topk(x: torch.Tensor, k: int, groups: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x.topk(k, dim=1)` (values, indices; sorted), computed faster on CPU for wide rows.
+
+    Why: torch's CPU top-k over a row of a large vocabulary is several times slower than a
+    vectorised max. Column j is put in group j mod (V // groups); the k groups with the largest
+    maxima contain the k largest columns (each of those lies in a group whose max is at least
+    the k-th largest value, and at most k groups can have such a max, ties aside), so a cheap
+    max over interleaved slices, a top-k over V/groups group maxima and a top-k over k*groups
+    gathered values give the same answer.
+    """
+    N, V = x.shape
+    nb = V // groups
+    if nb < 4 * k or x.device.type != "cpu":
+        return x.topk(k, dim=1)
+    gm = x[:, : nb * groups].view(N, groups, nb).amax(dim=1)  # (N, nb) group maxima
+    gi = gm.topk(k, dim=1).indices  # (N, k)
+    idx = (gi.unsqueeze(-1) + torch.arange(groups, device=x.device) * nb).view(N, k * groups)
+    if nb * groups < V:  # the last V mod groups columns are always candidates
+        idx = torch.cat([idx, torch.arange(nb * groups, V, device=x.device).expand(N, -1)], dim=1)
+    v, j = x.gather(1, idx).topk(k, dim=1)  # (N, k)
+    return v, idx.gather(1, j)
 
 
 def _ban_repeated_ngrams(lprobs: torch.Tensor, gen: torch.Tensor, n: int) -> None:
@@ -276,10 +303,12 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     `max live logprob / max(lp(t+2), lp(max_len+1))` (log-probs never increase and lp is
     monotonic in |Y|). This bound makes early stopping exact: stopping never changes the
     `nbest` output compared with decoding to the max length.
+
+    The first step runs on one row per sentence (all beams would be identical), so the
+    encoder-side keys/values are computed once per sentence and then copied to the beams.
     """
     device = src_tokens.device
     B, K = src_tokens.size(0), cfg.beam
-    V = None
     inf = math.inf
 
     max_len = max_lengths(src_tokens, cfg).to(device)  # (B,)
@@ -288,16 +317,14 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     # Early stopping needs log-probs <= 0; a negative --unk-penalty (a reward) breaks the bound.
     early = cfg.early_stop and cfg.unk_penalty >= 0
 
-    encs = ens.encode(src_tokens)
-    rows = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,)
-    encs = ens.select_enc(encs, rows)
+    encs = ens.encode(src_tokens)  # one row per sentence until the first step is done
     caches = ens.new_cache(T + 1)  # decoder inputs: <s> and up to T tokens
+    kc = 1  # live rows per sentence: 1 for the first step, then K
 
-    tokens = torch.full((B * K, T + 2), cfg.pad, dtype=torch.long, device=device)  # <s> y1 .. y_{T+1}
+    tokens = torch.full((B, T + 2), cfg.pad, dtype=torch.long, device=device)  # <s> y1 .. y_{T+1}
     tokens[:, 0] = cfg.bos
-    pos_scores = torch.zeros(B * K, T + 1, device=device)  # per-token log-probs of live rows
-    alive = torch.full((B, K), -inf, device=device)  # cumulative log-prob of live hypotheses
-    alive[:, 0] = 0.0  # one start hypothesis per sentence; the -inf copies never win a top-k
+    pos_scores = torch.zeros(B, T + 1, device=device)  # per-token log-probs of live rows
+    alive = torch.zeros(B, 1, device=device)  # (B', kc) cumulative log-prob of live hypotheses
 
     fin_scores = torch.full((B, K), -inf, device=device)  # penalised scores, sorted best first
     fin_tokens = torch.full((B, K, T + 1), cfg.pad, dtype=torch.long, device=device)
@@ -307,48 +334,55 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     sent_ids = torch.arange(B, device=device)  # original index of each active sentence
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     n_active = B
+    row_max_len, row_min_len = max_len, min_len  # (B' * kc,) per-row copies
 
     for t in range(T + 1):
-        N = n_active * K
+        N = n_active * kc
         lprobs = ens.step(tokens[:, t : t + 1], encs, caches)  # (N, V)
-        if V is None:
-            V = lprobs.size(1)
-        _apply_rules(
-            lprobs, t, tokens[:, 1 : t + 1], max_len.repeat_interleave(K), min_len.repeat_interleave(K), cfg
-        )
-
-        cand = (alive.view(N, 1) + lprobs).view(n_active, K, V)  # (B', K, V) cumulative log-probs
-        eos_lp = lprobs[:, cfg.eos].view(n_active, K)  # (B', K)
-        eos_score = cand[:, :, cfg.eos] / length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_form)
-        cand[:, :, cfg.eos] = -inf
+        V = lprobs.size(1)
+        _apply_rules(lprobs, t, tokens[:, 1 : t + 1], row_max_len, row_min_len, cfg)
+        base = alive.view(N, 1)  # (N, 1)
 
         # 1. Offer every </s> extension to the finished lists (only if one can enter).
+        eos_lp = lprobs[:, cfg.eos]  # (N,)
+        eos_score = (base.view(-1) + eos_lp).view(n_active, kc) / length_penalty(
+            float(t + 1), cfg.lenpen, cfg.lenpen_form
+        )
         if bool((eos_score > fin_scores[:, K - 1 : K]).any()):
-            all_scores = torch.cat([fin_scores, eos_score], dim=1)  # (B', 2K)
+            all_scores = torch.cat([fin_scores, eos_score], dim=1)  # (B', K + kc)
             fin_scores, sel = all_scores.topk(K, dim=1)  # (B', K), sorted
-            new_tok = tokens[:, 1 : T + 2].reshape(n_active, K, T + 1)
-            new_pos = pos_scores.view(n_active, K, T + 1).clone()
-            new_pos[:, :, t] = eos_lp
-            cat_tok = torch.cat([fin_tokens, new_tok], dim=1)  # (B', 2K, T+1)
-            cat_pos = torch.cat([fin_pos, new_pos], dim=1)
-            cat_len = torch.cat([fin_len, torch.full_like(fin_len, t)], dim=1)  # (B', 2K)
+            new_tok = tokens[:, 1 : T + 2].reshape(n_active, kc, T + 1)
+            new_pos = pos_scores.view(n_active, kc, T + 1).clone()
+            new_pos[:, :, t] = eos_lp.view(n_active, kc)
             idx = sel.unsqueeze(-1).expand(-1, -1, T + 1)
-            fin_tokens = cat_tok.gather(1, idx)
-            fin_pos = cat_pos.gather(1, idx)
-            fin_len = cat_len.gather(1, sel)
+            fin_tokens = torch.cat([fin_tokens, new_tok], dim=1).gather(1, idx)
+            fin_pos = torch.cat([fin_pos, new_pos], dim=1).gather(1, idx)
+            fin_len = torch.cat([fin_len, torch.full((n_active, kc), t, device=device)], dim=1).gather(1, sel)
+        lprobs[:, cfg.eos] = -inf
 
-        # 2. The K best non-</s> extensions become the live hypotheses.
-        top_lp, top_idx = cand.view(n_active, K * V).topk(K, dim=1)  # (B', K)
-        beam_idx = torch.div(top_idx, V, rounding_mode="floor")
-        tok = top_idx - beam_idx * V
-        order = (torch.arange(n_active, device=device) * K).unsqueeze(1) + beam_idx  # (B', K)
-        order = order.view(-1)  # (N,)
-        step_lp = lprobs.view(n_active, K * V).gather(1, top_idx)  # (B', K)
+        # 2. The K best non-</s> extensions become the live hypotheses. A sentence's K best are
+        #    among the K best of each of its rows: per-row top-k on the log-probs, then top-k of
+        #    those kc*K candidates, never a pass over all N x V cumulative scores.
+        kk = min(K, V)
+        row_val, row_tok = row_topk(lprobs, kk)  # (N, kk)
+        cand = (row_val + base).view(n_active, kc * kk)
+        if kc * kk < K:  # tiny vocabularies: fewer candidates than beams; pad with dead ones
+            fill = K - kc * kk
+            cand = torch.cat([cand, cand.new_full((n_active, fill), -inf)], dim=1)
+            row_val = torch.cat([row_val.view(n_active, -1), row_val.new_full((n_active, fill), -inf)], dim=1)
+            row_tok = torch.cat([row_tok.view(n_active, -1), row_tok.new_full((n_active, fill), cfg.pad)], dim=1)
+        top_lp, top_idx = cand.topk(K, dim=1)  # (B', K)
+        beam_idx = torch.div(top_idx, kk, rounding_mode="floor").clamp_(max=kc - 1)  # (B', K)
+        tok = row_tok.reshape(n_active, -1).gather(1, top_idx)
+        step_lp = row_val.reshape(n_active, -1).gather(1, top_idx)
+        order = ((torch.arange(n_active, device=device) * kc).unsqueeze(1) + beam_idx).view(-1)  # (B'*K,)
         tokens = tokens.index_select(0, order)
         tokens[:, t + 1] = tok.view(-1)
         pos_scores = pos_scores.index_select(0, order)
         pos_scores[:, t] = step_lp.view(-1)
         alive = top_lp
+        expanded = kc != K
+        kc = K
 
         # 3. Which sentences are done?
         best_alive = alive[:, 0]  # (B',)
@@ -376,8 +410,7 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
             if n_active == 0:
                 break
             keep_rows = ((keep * K).unsqueeze(1) + torch.arange(K, device=device)).view(-1)  # (B''*K,)
-            order = order.view(-1).index_select(0, keep_rows)
-            encs = ens.select_enc(encs, keep_rows)
+            order = order.index_select(0, keep_rows)
             tokens = tokens.index_select(0, keep_rows)
             pos_scores = pos_scores.index_select(0, keep_rows)
             alive = alive.index_select(0, keep)
@@ -388,8 +421,14 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
             max_len = max_len.index_select(0, keep)
             min_len = min_len.index_select(0, keep)
             sent_ids = sent_ids.index_select(0, keep)
+        if dropped or expanded:
+            # Rows of one sentence share the encoder output, so `order` (new row -> old row)
+            # also selects the encoder rows; and the per-row limits follow the new layout.
+            encs = ens.select_enc(encs, order)
+            row_max_len = max_len.repeat_interleave(K)
+            row_min_len = min_len.repeat_interleave(K)
         # Reorder every model's cache once per step: beam reordering and dropped sentences.
-        caches = ens.select_cache(caches, order, within_sentences=not dropped)
+        caches = ens.select_cache(caches, order, within_sentences=not (dropped or expanded))
 
     return results
 
@@ -456,10 +495,12 @@ def _independent_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchCon
         if cfg.sampling:
             probs = torch.softmax(_filter_for_sampling(lprobs, cfg), dim=1)
             tok = torch.multinomial(probs, 1, generator=gen).view(-1)  # (N',)
+            tok_lp = lprobs.gather(1, tok.unsqueeze(1)).view(-1)
         else:
-            tok = lprobs.argmax(dim=1)  # (N',)
+            tok_lp, tok = row_topk(lprobs, 1)  # arg-max, (N', 1)
+            tok_lp, tok = tok_lp.view(-1), tok.view(-1)
         tokens[:, t + 1] = tok
-        pos_scores[:, t] = lprobs.gather(1, tok.unsqueeze(1)).view(-1)
+        pos_scores[:, t] = tok_lp
         ended = (tok == cfg.eos) | (max_len <= t)
         if bool(ended.any()):
             idx = ended.nonzero().view(-1)
