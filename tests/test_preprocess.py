@@ -503,3 +503,15 @@ def test_dictionary_file_reloads_equal(tmp_path, corpus):
     d = Dictionary.load(tmp_path / "d" / "dict.de.txt")
     assert len(d) == load_manifest(tmp_path / "d")["dictionaries"]["de"]["size"]
     assert len(d) % 8 == 0
+
+
+def test_sentencepiece_learned_in_a_child_process_gives_the_same_model(tmp_path, corpus, monkeypatch):
+    """Large corpora learn in a separate process (memory); the model must not depend on it."""
+    raw, _ = corpus
+    preprocess(cfg_for(raw, tmp_path / "inproc", spm_max_lines=500))
+    monkeypatch.setattr(P, "SPM_CHILD_MIN_LINES", 0)
+    preprocess(cfg_for(raw, tmp_path / "child", spm_max_lines=500))
+    assert shard_files(tmp_path / "inproc") == shard_files(tmp_path / "child")
+    with pytest.raises(UserError, match="--vocab-size 5000"):  # errors in the child come back as such
+        preprocess(cfg_for(raw, tmp_path / "big", vocab_size=5000))
+    assert not (tmp_path / "big").exists()

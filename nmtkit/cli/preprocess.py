@@ -102,7 +102,7 @@ def preprocess_command(
         shard_size=shard_size,
         force=force,
     )
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

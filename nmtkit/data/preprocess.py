@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -59,10 +60,18 @@ from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, iter_line_chun
 from nmtkit.errors import UserError
 from nmtkit.io import resolve_text_path
 
+__all__ = [
+    "PreprocessConfig", "PreprocessResult", "preprocess", "clean_mask",
+    # the data-directory API, re-exported so that train/generate need one import
+    "MANIFEST_NAME", "load_manifest", "load_dictionaries", "dictionary_path", "subword_model_path",
+    "verify_files", "load_split", "load_subword_model",
+]
+
 CHUNK_LINES = 4096  # sentence pairs per encoding job; fixed, so output never depends on workers
 SAMPLE_SEED = 1  # seeds the reproducible sample of lines that sentencepiece learns from
 CLEAN_REASONS = ("empty", "too_long", "too_short", "ratio")
 REMAP_CHUNK = 1 << 22  # tokens per block when mapping provisional ids to dictionary ids
+SPM_CHILD_MIN_LINES = 200_000  # learn sentencepiece in a child process above this many lines
 
 
 @dataclass
@@ -92,6 +101,15 @@ class PreprocessConfig:
     workers: int = 1
     shard_size: int = 1_000_000  # sentences per shard
     force: bool = False
+
+    def __post_init__(self) -> None:
+        # a single prefix given as a string means one split, not one split per character
+        for name in ("validpref", "testpref"):
+            value = getattr(self, name)
+            if isinstance(value, (str, os.PathLike)):
+                setattr(self, name, [str(value)])
+            elif value is None:
+                setattr(self, name, [])
 
     def validate(self) -> None:
         """Reject impossible settings with a UserError naming the flag."""
@@ -167,7 +185,9 @@ class _Task:
 _MODELS: dict[str, subwords.SubwordModel] = {}  # per process: lang -> model
 
 
-def _init_models(kind: str, model_files: dict[str, str | None]) -> None:
+def _init_models(kind: str, model_files: dict[str, str | None], worker: bool = False) -> None:
+    if worker:  # Ctrl-C is handled by the parent, which terminates the pool: no traceback per worker
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _MODELS.clear()
     for lang, path in model_files.items():
         _MODELS[lang] = subwords.load_model_file(kind, path)
@@ -211,7 +231,7 @@ class _Encoder:
             # spawn, not fork: the parent runs a progress-bar thread, and forking a threaded
             # process can deadlock the child.
             ctx = multiprocessing.get_context("spawn")
-            self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kind, model_files))
+            self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kind, model_files, True))
 
     def map(self, jobs: Iterator) -> Iterator:
         if self.pool is None:
@@ -457,6 +477,68 @@ def _learn_lines(paths: list[tuple[Path, int]], max_lines: int, task: _Task) -> 
                     yield line
 
 
+class _SharedCounter:
+    """A `_Task` stand-in for a child process: counts into shared memory the parent displays."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def advance(self, n: int) -> None:
+        with self.value.get_lock():
+            self.value.value += n
+
+
+def _learn_sentencepiece_child(conn, files, max_lines, vocab_size, out_path, counter) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
+    try:
+        lines = _learn_lines([(Path(p), n) for p, n in files], max_lines, _SharedCounter(counter))
+        Path(out_path).write_bytes(subwords.learn_sentencepiece(lines, vocab_size))
+        conn.send(("ok", ""))
+    except UserError as e:
+        conn.send(("user", str(e)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("bug", f"{type(e).__name__}: {e}"))
+
+
+def _learn_sentencepiece_in_child(files, max_lines: int, vocab_size: int, out_path: Path, task: _Task) -> None:
+    """Learn in a separate process: sentencepiece's trainer holds the whole sample in memory and
+    the allocator does not give it back, so in-process it would stay in the peak of every later
+    phase (and be counted again next to the encoding workers). The model is identical."""
+    ctx = multiprocessing.get_context("spawn")
+    counter = ctx.Value("q", 0)
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_learn_sentencepiece_child, daemon=True,
+                       args=(send, [(str(p), n) for p, n in files], max_lines, vocab_size, str(out_path), counter))
+    proc.start()
+    send.close()
+    done = 0
+    try:
+        msg = None
+        while msg is None:
+            if recv.poll(0.2):
+                try:
+                    msg = recv.recv()
+                except EOFError:
+                    msg = ("died", "")
+            elif not proc.is_alive() and not recv.poll(0):
+                msg = ("died", "")
+            now = counter.value
+            task.advance(now - done)
+            done = now
+        proc.join()
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
+    kind, text = msg
+    if kind == "user":
+        raise UserError(text)
+    if kind == "bug":
+        raise RuntimeError(f"sentencepiece training failed: {text}")
+    if kind == "died":
+        raise RuntimeError(f"the sentencepiece training process died (exit code {proc.exitcode}; out of memory?)")
+
+
 def _learn_subwords(cfg, tmp: Path, inputs, infos, progress, log) -> dict:
     """Learn the subword model(s) on the training text; return the manifest's "subword" entry."""
     src, tgt = cfg.source_lang, cfg.target_lang
@@ -472,9 +554,14 @@ def _learn_subwords(cfg, tmp: Path, inputs, infos, progress, log) -> dict:
         what = f"{'+'.join(langs)}"
         if cfg.bpe == "sentencepiece":
             task = _Task(progress, f"learning sentencepiece ({what})", sum(n for _, n in files))
-            proto = subwords.learn_sentencepiece(_learn_lines(files, cfg.spm_max_lines, task), cfg.vocab_size)
+            sample = sum(n for _, n in files) if cfg.spm_max_lines <= 0 else min(cfg.spm_max_lines, sum(n for _, n in files))
+            if sample > SPM_CHILD_MIN_LINES:
+                _learn_sentencepiece_in_child(files, cfg.spm_max_lines, cfg.vocab_size, tmp / name, task)
+            else:
+                proto = subwords.learn_sentencepiece(_learn_lines(files, cfg.spm_max_lines, task), cfg.vocab_size)
+                (tmp / name).write_bytes(proto)
             task.finish()
-            (tmp / name).write_bytes(proto)
+            proto = (tmp / name).read_bytes()
             size = subwords.SentencePieceModel(model_proto=proto).sp.get_piece_size()
             entry["vocab_size"] = cfg.vocab_size
             log(f"learned sentencepiece model {name} ({size} pieces) on {what}")
