@@ -51,7 +51,7 @@ def preprocess_command(
     vocab_size: Optional[int] = typer.Option(None, "--vocab-size", help="sentencepiece vocabulary size [default: 8000]."),
     bpe_merges: Optional[int] = typer.Option(None, "--bpe-merges", help="subword-nmt merge operations [default: 10000]."),
     joint_bpe: bool = typer.Option(True, "--joint-bpe/--separate-bpe", help="One subword model for both languages, or one per language."),
-    spm_max_lines: int = typer.Option(2_000_000, "--spm-max-lines", help="Lines sentencepiece learns from (a reproducible sample when the training text has more); 0 = all."),
+    spm_max_lines: int = typer.Option(1_000_000, "--spm-max-lines", help="Lines sentencepiece learns from (a reproducible sample when the training text has more); 0 = all."),
     joined_dictionary: bool = typer.Option(False, "--joined-dictionary", help="One dictionary shared by both languages (needed to share embeddings)."),
     nwordssrc: int = typer.Option(-1, "--nwordssrc", help="Largest source (or joined) dictionary, specials included; -1 = no limit."),
     nwordstgt: int = typer.Option(-1, "--nwordstgt", help="Largest target dictionary, specials included; -1 = no limit."),
@@ -146,7 +146,7 @@ def _print_summary(result) -> None:
         t = result.timings
         pairs = m["splits"]["train"]["lines"]
         enc = t.get("encode_train", 0) + t.get("write_train", 0)
-        rate = f" ({pairs / enc:,.0f} pairs/s)" if enc > 0 else ""
+        rate = f" ({pairs / enc:,.0f} pairs/s, {t.get('binarize_cpu', 0):.1f} CPU s)" if enc > 0 else ""
         out.write(f"time: check {t.get('check', 0):.1f}s, learn {t.get('learn', 0):.1f}s, "
                   f"binarize train {enc:.1f}s{rate}, valid/test {t.get('encode_eval', 0):.1f}s, "
                   f"total {t.get('total', 0):.1f}s\n")

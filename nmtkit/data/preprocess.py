@@ -20,6 +20,7 @@ nmtkit.data.shards.load_split and nmtkit.data.subwords.load_subword_model (re-ex
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -28,6 +29,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -88,7 +90,7 @@ class PreprocessConfig:
     vocab_size: int = 8000  # sentencepiece
     bpe_merges: int = 10000  # subword-nmt
     joint_bpe: bool = True
-    spm_max_lines: int = 2_000_000  # lines sentencepiece learns from (reproducible sample)
+    spm_max_lines: int = 1_000_000  # lines sentencepiece learns from (reproducible sample)
     joined_dictionary: bool = False
     nwordssrc: int = -1
     nwordstgt: int = -1
@@ -215,7 +217,33 @@ def _encode_side(model: subwords.SubwordModel, lines: list[str]):
 
 
 def _encode_job(job: tuple[tuple[str, list[str]], ...]):
-    return [_encode_side(_MODELS[lang], lines) for lang, lines in job]
+    """Encode both sides of a chunk; also report this process's CPU seconds for it."""
+    c = time.process_time()
+    out = [_encode_side(_MODELS[lang], lines) for lang, lines in job]
+    return out, time.process_time() - c
+
+
+@contextlib.contextmanager
+def _spawn_without_main() -> Iterator[None]:
+    """Start spawn children that do not re-import the parent's `__main__`.
+
+    Our children only run functions of this module, but spawn re-runs the main script in each
+    child: for the `nmtkit` console script that imports every subcommand (torch included), about
+    a second and a few hundred MB per child, and a library caller's unguarded script would run
+    again. Hiding `__main__`'s file and spec while the children start makes them import only
+    what they use. Children start synchronously inside this block, so the window is short.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 class _Encoder:
@@ -225,26 +253,33 @@ class _Encoder:
     def __init__(self, kind: str, model_files: dict[str, str | None], workers: int):
         self.workers = workers
         self.pool = None
+        self.worker_cpu = 0.0  # CPU seconds spent in worker processes (not counted by our process_time)
         if workers == 1:
             _init_models(kind, model_files)
         else:
             # spawn, not fork: the parent runs a progress-bar thread, and forking a threaded
             # process can deadlock the child.
             ctx = multiprocessing.get_context("spawn")
-            self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kind, model_files, True))
+            with _spawn_without_main():
+                self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kind, model_files, True))
 
     def map(self, jobs: Iterator) -> Iterator:
         if self.pool is None:
             for job in jobs:
-                yield _encode_job(job)
+                yield _encode_job(job)[0]
             return
         pending: deque = deque()
         for job in jobs:
             pending.append(self.pool.apply_async(_encode_job, (job,)))
             if len(pending) > 2 * self.workers:
-                yield pending.popleft().get()
+                yield self._get(pending.popleft())
         while pending:
-            yield pending.popleft().get()
+            yield self._get(pending.popleft())
+
+    def _get(self, async_result):
+        out, cpu = async_result.get()
+        self.worker_cpu += cpu
+        return out
 
     def close(self, ok: bool = True) -> None:
         if self.pool is not None:
@@ -509,7 +544,8 @@ def _learn_sentencepiece_in_child(files, max_lines: int, vocab_size: int, out_pa
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_learn_sentencepiece_child, daemon=True,
                        args=(send, [(str(p), n) for p, n in files], max_lines, vocab_size, str(out_path), counter))
-    proc.start()
+    with _spawn_without_main():
+        proc.start()
     send.close()
     done = 0
     try:
@@ -607,7 +643,7 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
     ok = False
     try:
         # 3. encode the training text once: provisional ids + counts, cleaning as we go
-        t = time.perf_counter()
+        t, cpu0, wcpu0 = time.perf_counter(), time.process_time(), encoder.worker_cpu
         train_paths = inputs["train"][1]
         n_train = infos["train"][src].lines
         task = _Task(progress, "encoding train", n_train)
@@ -689,6 +725,7 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
         task.finish()
         splits["train"] = _split_entry(langs, final, unk, infos["train"][src].lines, dropped, files)
         timings["write_train"] = time.perf_counter() - t
+        timings["binarize_cpu"] = time.process_time() - cpu0 + encoder.worker_cpu - wcpu0
 
         # 6. valid/test: every line, in order, no cleaning
         t = time.perf_counter()

@@ -104,28 +104,32 @@ def run_preprocess(prefix: Path, dest: Path, workers: int) -> dict:
            "--bpe", "sentencepiece", "--vocab-size", "8000", "--joined-dictionary", "--workers", str(workers),
            "--force"]
     print("bench: $ " + " ".join(cmd), file=sys.stderr, flush=True)
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = TreeRss(proc.pid)
     out, err = proc.communicate()
     wall = time.perf_counter() - t0
     sampler.stop()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the whole tree, once every process is reaped
+    cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     if proc.returncode != 0:
         sys.exit(f"bench: nmtkit preprocess failed ({proc.returncode}):\n{err[-3000:]}")
-    m = re.search(r"time: check ([\d.]+)s, learn ([\d.]+)s, binarize train ([\d.]+)s", out)
+    m = re.search(r"time: check ([\d.]+)s, learn ([\d.]+)s, binarize train ([\d.]+)s \([\d,]+ pairs/s, ([\d.]+) CPU s\)", out)
     if not m:
         sys.exit(f"bench: could not read the timings from the summary:\n{out}")
-    check, learn, binarize = (float(x) for x in m.groups())
-    return {"wall": wall, "check": check, "learn": learn, "binarize": binarize,
+    check, learn, binarize, binarize_cpu = (float(x) for x in m.groups())
+    return {"wall": wall, "cpu": cpu, "check": check, "learn": learn, "binarize": binarize, "binarize_cpu": binarize_cpu,
             "tree_peak_mb": sampler.peak_kb / 1024, "procs": sampler.peak_procs, "summary": out}
 
 
-def raw_encode(model: Path, files: list[Path], threads: int, batch: int = 100_000) -> tuple[float, int]:
-    """Seconds sentencepiece alone needs to encode `files` (preloaded) with `threads` threads."""
+def raw_encode(model: Path, files: list[Path], threads: int, batch: int = 100_000) -> tuple[float, float, int]:
+    """Wall and CPU seconds sentencepiece alone needs to encode `files` (preloaded) with `threads`
+    threads, and the number of lines."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(model))
-    seconds, n = 0.0, 0
+    seconds, cpu, n = 0.0, 0.0, 0
     for f in files:
         with open(f, encoding="utf-8") as fh:
             lines = fh.read().split("\n")
@@ -133,12 +137,13 @@ def raw_encode(model: Path, files: list[Path], threads: int, batch: int = 100_00
             lines.pop()
         for i in range(0, len(lines), batch):
             part = lines[i : i + batch]
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             sp.encode(part, num_threads=threads)
             seconds += time.perf_counter() - t
+            cpu += time.process_time() - c
             n += len(part)
         del lines
-    return seconds, n
+    return seconds, cpu, n
 
 
 def main() -> None:
@@ -157,11 +162,13 @@ def main() -> None:
     text = [Path(f"{prefix}.de"), Path(f"{prefix}.en")]
     runs: dict[int, dict] = {}
     raw: dict[int, list[float]] = {w: [] for w in counts}
+    raw_cpu: list[float] = []
 
     def measure_raw(w: int, model: Path) -> None:
-        secs, n = raw_encode(model, text, w)
+        secs, cpu, n = raw_encode(model, text, w)
         raw[w].append(n / 2 / secs)
-        print(f"raw sentencepiece, {w} thread(s): {secs:.1f}s for {n:,} lines "
+        raw_cpu.append(cpu)
+        print(f"raw sentencepiece, {w} thread(s): {secs:.1f}s ({cpu:.1f} CPU s) for {n:,} lines "
               f"(load average {os.getloadavg()[0]:.1f})", flush=True)
 
     # The machine's load drifts, so each worker count's raw encoder speed is measured twice,
@@ -174,7 +181,7 @@ def main() -> None:
             measure_raw(w, model)
         r = run_preprocess(prefix, dest, w)
         runs[w] = r
-        print(f"workers={w}: preprocess {r['wall']:.1f}s (check {r['check']:.1f}s, learn {r['learn']:.1f}s, "
+        print(f"workers={w}: preprocess {r['wall']:.1f}s, {r['cpu']:.1f} CPU s (check {r['check']:.1f}s, learn {r['learn']:.1f}s, "
               f"binarize {r['binarize']:.1f}s, load average {os.getloadavg()[0]:.1f})", flush=True)
         if (dest / "spm.model").read_bytes() != model.read_bytes():
             sys.exit("bench: the runs learned different sentencepiece models; preprocess is not deterministic")
@@ -203,6 +210,11 @@ def main() -> None:
             f"{r['tree_peak_mb']:,.0f} MB ({r['procs']} processes)",
         ]))
     print(f"largest single process (getrusage, children): {self_kb / 1024:,.0f} MB")
+    mean_raw_cpu = sum(raw_cpu) / len(raw_cpu)
+    print(f"CPU time (independent of the machine's load): raw sentencepiece encode {mean_raw_cpu:.1f} CPU s")
+    for w, r in rows:
+        print(f"  workers={w}: binarize {r['binarize_cpu']:.1f} CPU s (ratio {mean_raw_cpu / r['binarize_cpu']:.2f}); "
+              f"whole command, all processes {r['cpu']:.1f} CPU s (ratio {mean_raw_cpu / r['cpu']:.2f})")
     print("targets: binarize ratio >= 0.70; peak RSS < 1500 MB for 3M pairs. "
           "binarize = encoding the training text, cleaning, counting and writing shards (the summary's "
           "'binarize train'); end-to-end also includes checking the inputs and learning sentencepiece. "
