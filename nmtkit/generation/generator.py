@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -197,10 +198,13 @@ class Item:
 
 
 class Truncations:
-    """Collects the over-long inputs; names the first MAX_WARNINGS of them as they happen."""
+    """Collects the over-long inputs; names the first MAX_WARNINGS of them as they happen.
 
-    def __init__(self, warn: Callable[[str], None], where: str, limit: int):
-        self.warn, self.where, self.limit = warn, where, limit
+    `where(index)` names input `index` (0-based) for the user, e.g. `news.en:12`.
+    """
+
+    def __init__(self, warn: Callable[[str], None], where: Callable[[int], str], what: str, limit: int):
+        self.warn, self.where, self.what, self.limit = warn, where, what, limit
         self.count = 0
 
     def __call__(self, index: int, ids: np.ndarray) -> np.ndarray:
@@ -209,14 +213,14 @@ class Truncations:
         self.count += 1
         if self.count <= MAX_WARNINGS:
             self.warn(
-                f"{self.where}:{index + 1}: {len(ids)} tokens, truncated to {self.limit} "
+                f"{self.where(index)}: {len(ids)} tokens, truncated to {self.limit} "
                 f"(the model accepts {self.limit + 1} source positions including </s>)"
             )
         return ids[: self.limit]
 
     def summary(self) -> None:
         if self.count > MAX_WARNINGS:
-            self.warn(f"{self.where}: {self.count} lines in all were truncated ({MAX_WARNINGS} named above)")
+            self.warn(f"{self.what}: {self.count} inputs in all were truncated ({MAX_WARNINGS} named above)")
 
 
 def split_items(data_dir: str, split: str, src_lang: str, tgt_lang: str, trunc: Truncations) -> tuple[int, Iterator[Item]]:
@@ -320,8 +324,10 @@ class Writer:
                 if j < len(hyps):
                     text = self.detok(self.tgt_dict.string(hyps[j].tokens))
                     score = hyps[j].score
-                else:  # an empty input: empty outputs, nbest of them, so line counts stay fixed
-                    text, score = "", 0.0
+                else:  # nbest lines per input whatever happens, so line counts stay fixed:
+                    # an empty input has one certain (log-prob 0) empty output; a search that
+                    # found fewer hypotheses than --nbest (tiny vocabularies) pads with -inf.
+                    text, score = "", (0.0 if not hyps else -math.inf)
                 out.append(f"{_fmt(score)}\t{text}" if self.print_scores else text)
         else:
             i = item.index
@@ -420,6 +426,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     if device.type == "cpu" and dtype is torch.float16:
         warn("--precision fp16 on CPU is emulated and slow; bf16 is the fast half precision there")
 
+    _check_output_path(opts)
     manifest = load_manifest(opts.data_dir)
     src_lang, tgt_lang = manifest["source_lang"], manifest["target_lang"]
     src_dict, tgt_dict = load_dictionaries(opts.data_dir, manifest)
@@ -438,13 +445,16 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
 
     if opts.input is not None:
         where = "<stdin>" if opts.input == "-" else opts.input
-        trunc = Truncations(warn, where, loaded.max_source_tokens)
+        trunc = Truncations(warn, lambda i: f"{where}:{i + 1}", where, loaded.max_source_tokens)
         subword = load_subword_model(opts.data_dir, src_lang)
         total = None if opts.input == "-" else _count_lines(opts.input)
         items = raw_items(opts.input, subword, src_dict, trunc)
     else:
         split = opts.gen_subset or "test"
-        trunc = Truncations(warn, f"{opts.data_dir} split {split!r} sentence", loaded.max_source_tokens)
+        trunc = Truncations(
+            warn, lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}",
+            loaded.max_source_tokens,
+        )
         total, items = split_items(opts.data_dir, split, src_lang, tgt_lang, trunc)
 
     stats = GenerateStats()
@@ -490,6 +500,20 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     stats.truncated = trunc.count
     stats.total_seconds = time.perf_counter() - t_start
     return stats
+
+
+def _check_output_path(opts: GenerateOptions) -> None:
+    """Refuse an --output that would overwrite the input text or a checkpoint being used."""
+    if opts.output is None or opts.output == "-":
+        return
+    out = Path(opts.output)
+    if out.is_dir():
+        raise UserError(f"--output {out} is a directory; give a file name")
+    if not out.exists():
+        return
+    for flag, p in [("--input", opts.input)] + [("--path", q) for q in opts.paths]:
+        if p is not None and p != "-" and Path(p).exists() and os.path.samefile(out, p):
+            raise UserError(f"--output {out} is the same file as {flag} {p}; choose another output")
 
 
 def _count_lines(path: str) -> int | None:
