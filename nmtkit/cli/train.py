@@ -10,7 +10,6 @@ import typer
 
 from nmtkit.cli.app import app
 from nmtkit.cli.arch_options import with_arch_options
-from nmtkit.errors import UserError
 
 P_DATA = "Data and batching"
 P_OPT = "Optimization"
@@ -99,8 +98,6 @@ def train_cmd(
         no_epoch_checkpoints=no_epoch_checkpoints, log_interval=log_interval,
         progress_bar=not no_progress_bar, max_nan_skips=max_nan_skips,
     )
-    if max_tokens is not None and max_tokens < 0:
-        raise UserError(f"--max-tokens must be > 0 (or 0 for no token budget with --batch-size), got {max_tokens}")
     result = train(cfg)
     best = f"; best {cfg.best_checkpoint_metric} {result.best:.4f}" if result.best is not None else ""
     messages = {
