@@ -515,3 +515,22 @@ def test_sentencepiece_learned_in_a_child_process_gives_the_same_model(tmp_path,
     with pytest.raises(UserError, match="--vocab-size 5000"):  # errors in the child come back as such
         preprocess(cfg_for(raw, tmp_path / "big", vocab_size=5000))
     assert not (tmp_path / "big").exists()
+
+
+def test_workers_do_not_rerun_the_callers_script(tmp_path, corpus):
+    """Spawned workers import only nmtkit: an unguarded script calling preprocess runs once."""
+    import subprocess
+    import sys
+
+    raw, _ = corpus
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "print('TOP-LEVEL RAN', flush=True)\n"
+        "from nmtkit.data.preprocess import PreprocessConfig, preprocess\n"
+        f"preprocess(PreprocessConfig(source_lang='de', target_lang='en', trainpref={str(raw / 'train')!r},\n"
+        f"    destdir={str(tmp_path / 'd')!r}, vocab_size=60, workers=2))\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("TOP-LEVEL RAN") == 1
+    assert load_manifest(tmp_path / "d")["options"]["workers"] == 2
