@@ -316,3 +316,51 @@ def test_fp16_overflow_is_skipped_by_the_loss_scaler(data_dir, tmp_path, monkeyp
     assert [s["reason"] for s in skips] == ["fp16_overflow"]
     scaler = ck.load_checkpoint(tmp_path / "h" / "checkpoint_last.pt")["train"]["scaler"]
     assert scaler["scale"] == 2.0**15  # 2^16 halved once
+
+
+def test_validation_bleu_plumbing(monkeypatch):
+    """Hypotheses come back in corpus order and are scored against the references with sacreBLEU."""
+    import numpy as np
+
+    from nmtkit.generation import search as S
+    from nmtkit.training import distributed as D
+    from nmtkit.training.validation import Validator
+
+    words = {4: "a", 5: "cat", 6: "sat", 7: "on", 8: "the", 9: "mat", 10: "dog"}
+    tgt = [[4, 5, 6, 7, 8, 9], [8, 10, 6], [4, 10, 7, 8, 9, 6]]
+
+    class DS:
+        def __init__(self, seqs):
+            self.seqs = [np.array(s) for s in seqs]
+            self.sizes = np.array([len(s) for s in seqs])
+
+        def __len__(self):
+            return len(self.seqs)
+
+        def __getitem__(self, i):
+            return self.seqs[i]
+
+    src_ds, tgt_ds = DS([[5, 5], [6], [7, 7, 7]]), DS(tgt)
+    v = Validator(src_ds, tgt_ds, max_tokens=100, max_sentences=None, max_source_positions=64,
+                  max_target_positions=64, pad_multiple=1, info=D.DistInfo())
+
+    def perfect(model, src_tokens, cfg, sentence_ids=None):
+        # the source length identifies the pair in this toy set: 2 -> 0, 1 -> 1, 3 -> 2
+        lengths = (src_tokens != 0).sum(1).tolist()
+        return [[S.Hypothesis(tokens=tgt[{3: 0, 2: 1, 4: 2}[n]], score=0.0, logprob=0.0)] for n in lengths]
+
+    monkeypatch.setattr(S, "search", perfect)
+    to_text = lambda ids: " ".join(words[i] for i in ids)
+    model = torch.nn.Linear(1, 1)
+    import contextlib
+
+    kw = dict(beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=5, max_target_positions=64)
+    assert v.bleu(model, torch.device("cpu"), contextlib.nullcontext, to_text, **kw) == pytest.approx(100.0)
+    tgt_copy = [list(t) for t in tgt]
+    tgt[1] = [8, 5, 7]  # one hypothesis now differs from its reference
+    score = v.bleu(model, torch.device("cpu"), contextlib.nullcontext, to_text, **kw)
+    import sacrebleu
+
+    hyps = [to_text(tgt[0]), to_text(tgt[1]), to_text(tgt[2])]
+    refs = [to_text(t) for t in tgt_copy]
+    assert score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)

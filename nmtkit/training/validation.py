@@ -13,7 +13,6 @@ so the result is the same as on one process.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -121,7 +120,3 @@ class Validator:
         hyps_text = [h for _, h, _ in gathered]
         refs_text = [r for _, _, r in gathered]
         return float(sacrebleu.corpus_bleu(hyps_text, [refs_text]).score)
-
-
-def null_context():
-    return contextlib.nullcontext()
