@@ -148,5 +148,12 @@ class KVCache:
     def index_select(self, new_order: Tensor) -> None:
         """Keep/reorder batch rows in place: row i becomes old row new_order[i]."""
         if self.k is not None:
-            self.k = self.k.index_select(0, new_order)
-            self.v = self.v.index_select(0, new_order)
+            self.k = self._select(self.k, new_order)
+            self.v = self._select(self.v, new_order)
+
+    def _select(self, buf: Tensor, order: Tensor) -> Tensor:
+        # Copy only the used prefix (beam search reorders every step: the spare capacity would
+        # double the copy), into a new buffer of the same capacity.
+        new = buf.new_empty(order.size(0), buf.size(1), buf.size(2), buf.size(3))
+        torch.index_select(buf[:, :, :self.length], 0, order, out=new[:, :, :self.length])
+        return new
