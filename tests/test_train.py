@@ -256,6 +256,14 @@ def test_clear_errors(data_dir, tmp_path):
         T.train(config(bad, tmp_path / "arch", max_update=2))
     with pytest.raises(UserError, match="--update-freq must be > 0"):
         T.train(config(data_dir, tmp_path / "z", update_freq=0))
+    # a save dir another training holds
+    lock = T._SaveDirLock(tmp_path / "busy")
+    try:
+        with pytest.raises(UserError, match="is in use by another nmtkit train \\(pid"):
+            T.train(config(data_dir, tmp_path / "busy", max_update=1))
+    finally:
+        lock.release()
+    assert T.train(config(data_dir, tmp_path / "busy", max_update=1, no_validate=True)).update == 1
 
 
 def ck_sha(path):

@@ -502,11 +502,16 @@ class Trainer:
         cfg, info = self.cfg, self.info
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        D.init(info, self.device.type)
+        lock = _SaveDirLock(self.save_dir) if info.is_main else None
         try:
-            return self._run()
+            D.init(info, self.device.type)
+            try:
+                return self._run()
+            finally:
+                D.shutdown(info)
         finally:
-            D.shutdown(info)
+            if lock is not None:
+                lock.release()
 
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
@@ -760,6 +765,46 @@ class _Interval:
         rec["peak_rss_mib"] = _peak_rss_mib()
         self.reset()
         return rec
+
+
+class _SaveDirLock:
+    """An exclusive lock on SAVE_DIR for the whole run, so two trainings never write the same files.
+
+    flock(2) on SAVE_DIR/.nmtkit-train.lock, released by the OS if the process dies; where flock
+    is unavailable (Windows) there is no lock.
+    """
+
+    def __init__(self, directory: Path):
+        self.fh = None
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        fh = open(directory / ".nmtkit-train.lock", "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown process"
+            fh.close()
+            raise UserError(f"--save-dir {directory} is in use by another nmtkit train ({holder}); "
+                            "wait for it to finish or choose another --save-dir") from None
+        import socket
+
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        fh.flush()
+        self.fh = fh
+
+    def release(self) -> None:
+        if self.fh is not None:
+            import fcntl
+
+            fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
+            self.fh.close()
+            self.fh = None
 
 
 def _peak_rss_mib() -> float | None:
