@@ -338,7 +338,7 @@ class EpochBatches:
 
     def __len__(self) -> int:
         """Batches per epoch for this rank: the same every epoch (only tie order and batch order change)."""
-        return len(self.batches(1))
+        return len(self.batches(self._cache[0] if self._cache is not None else 1))
 
     def iterate(self, epoch: int, offset: int = 0) -> Iterator[Batch]:
         for idx in self.batches(epoch)[offset:]:

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Where the time of one CPU training update goes, phase by phase, on a preprocessed data dir.
+
+    python recipes/bench/train_profile.py DATA_DIR [--steps 6] [--threads 2] [--torch-profile]
+
+Builds the benchmark model (d_model 256, 3+3 layers, 4 heads, d_ff 1024, shared embeddings),
+then times, over --steps batches of --max-tokens 4096: collation, forward, loss, backward,
+gradient norm, optimizer step; and the same updates through nmtkit's Trainer._train_step, whose
+extra cost over the sum of the phases is the trainer's per-update overhead. With
+--torch-profile it also prints torch.profiler's top operators for one update.
+"""
+
+import argparse
+import time
+
+import torch
+
+from nmtkit.data.batching import collate
+from nmtkit.training.config import TrainConfig
+from nmtkit.training.loss import label_smoothed_cross_entropy
+from nmtkit.training.trainer import Trainer, _total_norm
+
+ARCH = dict(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, share_embeddings="all")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data_dir")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--torch-profile", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    cfg = TrainConfig(data_dir=a.data_dir, save_dir="/nonexistent-profile-dir", arch="transformer_base",
+                      arch_overrides=ARCH, lr_scheduler="inverse_sqrt", lr=7e-4, warmup_updates=1000,
+                      max_tokens=4096, threads=a.threads, progress_bar=False, device="cpu")
+    t = Trainer(cfg)
+    t._build()
+    t._make_iterators()
+    t._t_start, t._elapsed_base, t._last_timed_save = time.monotonic(), 0.0, time.monotonic()
+    batches = t.train_batches.batches(1)[: 2 * a.steps + 2]
+    model, opt = t.model, t.optimizer
+    phases = dict(collate=0.0, forward=0.0, loss=0.0, backward=0.0, grad_norm=0.0, optimizer=0.0)
+    ntok = 0
+
+    def clock(name, t0):
+        phases[name] += time.perf_counter() - t0
+        return time.perf_counter()
+
+    t._train_step([collate(t.train_src, t.train_tgt, batches[0])])  # warm-up
+    for idx in batches[2 : 2 + a.steps]:
+        t0 = time.perf_counter()
+        b = collate(t.train_src, t.train_tgt, idx)
+        t0 = clock("collate", t0)
+        logits = model(b.src_tokens, b.prev_output_tokens)
+        t0 = clock("forward", t0)
+        loss, _, n = label_smoothed_cross_entropy(logits, b.target, 0.1)
+        t0 = clock("loss", t0)
+        (loss / n).backward()
+        t0 = clock("backward", t0)
+        float(_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+        t0 = clock("grad_norm", t0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clock("optimizer", t0)
+        ntok += b.ntokens
+    total = sum(phases.values())
+    print(f"{a.steps} updates, {ntok} target tokens, {a.threads} threads: {ntok / total:.0f} tgt tok/s by phases")
+    for k, v in phases.items():
+        print(f"  {k:10s} {1000 * v / a.steps:8.1f} ms/update  {100 * v / total:5.1f}%")
+    t1, ntok2 = time.perf_counter(), 0
+    for idx in batches[2 + a.steps : 2 + 2 * a.steps]:
+        b = collate(t.train_src, t.train_tgt, idx)
+        t._train_step([b])
+        ntok2 += b.ntokens
+    wall = time.perf_counter() - t1
+    print(f"Trainer._train_step (incl. collate): {1000 * wall / a.steps:.1f} ms/update, {ntok2 / wall:.0f} tgt tok/s "
+          f"(other batches; compare per token)")
+    if a.torch_profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        b = collate(t.train_src, t.train_tgt, batches[1])
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            t._train_step([b])
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=25,
+                                                                 max_name_column_width=45, max_shapes_column_width=50))
+
+
+if __name__ == "__main__":
+    main()
