@@ -160,9 +160,13 @@ def config_differences(a: dict, b: dict) -> list[str]:
 
 
 def check_same_model(state: dict, where: str, *, arch: str, arch_config: dict, dictionaries: dict) -> None:
-    """Refuse a checkpoint whose architecture or dictionaries differ from what the run expects."""
+    """Refuse a checkpoint whose architecture config or dictionaries differ from what the run expects.
+
+    The architecture is compared field by field (the registry name is only reported), so the same
+    model reached through another name plus override flags is accepted.
+    """
     diffs = config_differences(state["arch_config"], arch_config)
-    if state["arch"] != arch or diffs:
+    if diffs:  # the name alone may differ: `--arch X --d-ff N` can equal a registry entry
         detail = "; ".join(diffs[:4]) + (" ..." if len(diffs) > 4 else "")
         raise UserError(
             f"{where} holds a model of arch '{state['arch']}' that differs from this run's '{arch}'"
@@ -325,7 +329,7 @@ def average_checkpoints(paths: Iterable[str | os.PathLike]) -> dict:
             aliases = _aliases(state["model"])
             ema_aliases = _aliases(state["ema"]) if state.get("ema") is not None else {}
         else:
-            if state["arch"] != first["arch"] or config_differences(state["arch_config"], first["arch_config"]):
+            if config_differences(state["arch_config"], first["arch_config"]):
                 _refuse_arch(p, state, first)
             check_same_dictionaries(state, str(p), first["dictionaries"],
                                     f"only checkpoints trained on the same dictionaries as {first['name']} can be averaged")

@@ -175,8 +175,9 @@ def test_selection_and_pruning(tmp_path):
 def test_check_same_model(tmp_path):
     s = make_state([1.0], [1.0])
     ck.check_same_model(s, "x", arch="tiny", arch_config=CFG, dictionaries=DICTS)
-    with pytest.raises(UserError, match="arch 'tiny' that differs from this run's 'big'"):
-        ck.check_same_model(s, "x", arch="big", arch_config=CFG, dictionaries=DICTS)
+    ck.check_same_model(s, "x", arch="other_name", arch_config=CFG, dictionaries=DICTS)  # same config: fine
+    with pytest.raises(UserError, match="arch 'tiny' that differs from this run's 'big' \\(d_model: 4 != 8\\)"):
+        ck.check_same_model(s, "x", arch="big", arch_config={**CFG, "d_model": 8}, dictionaries=DICTS)
     with pytest.raises(UserError, match="another src dictionary"):
         ck.check_same_model(s, "x", arch="tiny", arch_config=CFG, dictionaries={**DICTS, "src_sha256": "z"})
 
