@@ -14,7 +14,16 @@ from nmtkit.models import ARCHS, ArchConfig, EncoderOut, Transformer, count_para
 from nmtkit.models.attention import MultiheadAttention
 from nmtkit.models.transformer import sinusoid_table
 
-torch.set_num_threads(2)
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from threads, and on a shared CPU the waits of a second thread
+    cost several times the work; restore the setting for other modules."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 TINY = get_arch("transformer_tiny")
 V = 40  # vocabulary of the tiny test models: 0 pad, 1 <s>, 2 </s>, 3 <unk>, 4.. words
