@@ -184,6 +184,32 @@ def test_with_arch_options_exposes_every_field_as_a_flag():
     assert isinstance(r.exception, UserError) and "--heads 7" in str(r.exception)
 
 
+def test_with_arch_options_can_leave_fields_to_the_command():
+    app = typer.Typer()
+    seen = {}
+
+    @app.command()
+    @with_arch_options(exclude=("warmup_steps",))
+    def train(warmup_updates: Optional[int] = typer.Option(None, "--warmup-updates"),
+              arch_overrides: Optional[dict] = None):
+        seen["overrides"] = arch_overrides
+        seen["cfg"] = apply_overrides(BASE, {**arch_overrides, "warmup_steps": warmup_updates})
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["train", "--warmup-updates", "100", "--heads", "4"])
+    assert r.exit_code == 0, r.output
+    assert "warmup_steps" not in seen["overrides"]
+    assert seen["cfg"] == BASE.replace(warmup_steps=100, heads=4)
+    r = runner.invoke(app, ["train", "--warmup-steps", "100"])
+    assert r.exit_code == 2  # no such flag any more
+    with pytest.raises(TypeError, match="unknown field"):
+        with_arch_options(exclude=("warmup",))(lambda arch_overrides=None: None)
+
+
 def test_with_arch_options_needs_the_overrides_parameter():
     with pytest.raises(TypeError, match="arch_overrides"):
         with_arch_options(lambda arch="x": None)

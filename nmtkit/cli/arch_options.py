@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import typer
 
@@ -27,17 +27,31 @@ PARAM_PREFIX = "arch__"  # keeps the generated parameter names apart from the co
 HELP_PANEL = "Architecture (each overrides the --arch value; see 'nmtkit archs NAME')"
 
 
-def with_arch_options(func: Callable[..., Any]) -> Callable[..., Any]:
+def with_arch_options(func: Callable[..., Any] | None = None, *,
+                      exclude: Iterable[str] = ()) -> Any:
     """Add `--encoder-layers`, `--d-model`, ... (all ArchConfig fields) to a typer command.
 
-    The wrapped function receives them as one keyword argument, `arch_overrides`.
+    The wrapped function receives them as one keyword argument, `arch_overrides`. Use
+    `@with_arch_options(exclude=("warmup_steps",))` to leave out fields that the command exposes
+    under its own flag (it then passes that value to `apply_overrides` itself).
     """
+    if func is None:
+        return functools.partial(_add_arch_options, exclude=frozenset(exclude))
+    return _add_arch_options(func, frozenset(exclude))
+
+
+def _add_arch_options(func: Callable[..., Any], exclude: frozenset[str]) -> Callable[..., Any]:
+    known = {s.name for s in arch_field_specs()}
+    if not exclude <= known:
+        raise TypeError(f"with_arch_options: unknown field(s) to exclude: {sorted(exclude - known)}")
     sig = inspect.signature(func)
     if "arch_overrides" not in sig.parameters:
         raise TypeError(f"{func.__name__} must accept an 'arch_overrides' keyword argument")
     own = [p for p in sig.parameters.values() if p.name != "arch_overrides"]
     extra, annotations = [], {}
     for spec in arch_field_specs():
+        if spec.name in exclude:
+            continue
         pname = PARAM_PREFIX + spec.name
         help_text = spec.help
         if spec.type is bool:
