@@ -193,7 +193,7 @@ def test_attention_matches_naive_reference(dk, dv, heads):
 
 def naive_forward(model: Transformer, src, tgt):
     """The paper's equations written out: post-norm LayerNorm(x + Sublayer(x)), eval mode."""
-    cfg, d = model.cfg, model.cfg.d_model
+    d = model.cfg.d_model
     pe = sinusoid_table(64, d)
     ln = lambda x, m: F.layer_norm(x, (d,), m.weight, m.bias, m.eps)  # noqa: E731
     ffn = lambda x, f: F.relu(x @ f.fc1.weight.T + f.fc1.bias) @ f.fc2.weight.T + f.fc2.bias  # noqa: E731
@@ -208,7 +208,6 @@ def naive_forward(model: Transformer, src, tgt):
         y = ln(y + naive_attention(layer.cross_attn, y, x, key_pad=pad), layer.cross_attn_norm)
         y = ln(y + ffn(y, layer.ffn), layer.ffn_norm)
     return y @ model.tgt_embed.weight.T  # shared pre-softmax projection
-    del cfg
 
 
 def test_model_forward_matches_naive_equations():
