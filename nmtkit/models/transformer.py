@@ -172,7 +172,8 @@ class DecoderLayer(_Sublayers):
         x = self._post(x, self.self_attn.forward_step(self._pre(x, self.self_attn_norm), cache.self_kv),
                        self.self_attn_norm)
         if cache.cross_k is None:  # first step: the encoder-side K/V, once per sentence
-            cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
+            k, v = self.cross_attn.project_kv(memory)  # strided views of one projection
+            cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()  # read every step
         x = self._cross(x, cache.cross_k, cache.cross_v, memory_mask)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
