@@ -1,0 +1,183 @@
+"""The recipes end to end: the SMOKE modes of the WMT14 recipes and `quickstart.sh --smoke` run every
+stage (preprocess, train, average, generate, score) on tiny data and print score lines; the WMT14
+data stages turn statmt.org-style archives into the expected plain text; stage stamps make re-runs
+skip finished work. These are the commands a user types, run as subprocesses in temporary work
+directories (the repository's own work/ is never touched)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SHARED, shared_file
+
+pytestmark = pytest.mark.slow
+
+SCORE_LINE = re.compile(r"^BLEU = \d+\.\d\d .*\| lines: \d+", re.M)
+TOK_SCORE_LINE = re.compile(r"^tok-BLEU = \d+\.\d\d .*\| lines: (\d+) \| paper: ", re.M)
+
+
+def _env(work: Path, **extra: str) -> dict:
+    """The recipes' environment: this interpreter's virtual environment (recipes/lib/env.sh uses
+    an active VIRTUAL_ENV as it is), one thread, the shared data, a private work directory."""
+    env = dict(os.environ)
+    env["VIRTUAL_ENV"] = sys.prefix
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["NMTKIT_SHARED"] = str(SHARED)
+    env["WORK"] = str(work)
+    env["NMTKIT_WORK"] = str(work)
+    env["OMP_NUM_THREADS"] = "1"
+    for k in ("STAGE", "LAST_STAGE", "MODEL", "SMOKE", "NNODES", "NODE_RANK", "NGPUS"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _need_wmt14() -> None:
+    shared_file("wmt14", "newstest2014-ende.de.gz")
+
+
+@pytest.mark.parametrize("pair,tgt_lang,compound", [("wmt14_en_de", "de", "yes"), ("wmt14_en_fr", "fr", "no")])
+def test_wmt14_smoke_runs_every_stage_and_rerun_skips(tmp_path, pair, tgt_lang, compound):
+    _need_wmt14()
+    work = tmp_path / pair
+    env = _env(work, SMOKE="1")
+    r = _run(["bash", f"recipes/{pair}/run.sh"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for stage in ("download", "prepare", "preprocess", "train", "average", "generate", "score"):
+        assert f"[{pair}] {stage}: done" in r.stderr, (stage, r.stderr[-3000:])
+    m = TOK_SCORE_LINE.search(r.stdout)
+    assert m and m.group(1) == "200", r.stdout
+    assert f"moses-{tgt_lang}" in m.group(0) and f"compound-split: {compound}" in m.group(0)
+    assert SCORE_LINE.search(r.stdout), r.stdout
+    paper = {"wmt14_en_de": "27.3", "wmt14_en_fr": "38.1"}[pair]
+    assert f"paper: {paper} (Table 2)" in r.stdout
+    # the stages really produced what the score is about: 200 hypotheses, 2 averaged checkpoints
+    hyp = work / "results" / "base" / f"newstest2014.hyp.{tgt_lang}"
+    assert len(hyp.read_text(encoding="utf-8").split("\n")) - 1 == 200
+    assert (work / "checkpoints" / "base" / "average_last2.pt").is_file()
+    assert "--max-tokens 1024 x 1 x --update-freq 2 = 2048 tokens" in r.stderr
+
+    # Second run: every stage is up to date and the saved score is printed again.
+    r2 = _run(["bash", f"recipes/{pair}/run.sh"], env)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert r2.stderr.count("up to date") >= 7 and "running" not in r2.stderr, r2.stderr
+    assert TOK_SCORE_LINE.search(r2.stdout).group(0) == m.group(0)
+
+    # A damaged output re-runs the stage that wrote it and every later one, and only those.
+    hyp.write_text("", encoding="utf-8")
+    r3 = _run(["bash", f"recipes/{pair}/run.sh"], env)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    assert f"[{pair}] average: up to date" in r3.stderr
+    assert f"[{pair}] generate: done" in r3.stderr and f"[{pair}] score: done" in r3.stderr
+    assert TOK_SCORE_LINE.search(r3.stdout).group(0) == m.group(0)
+
+
+def test_quickstart_smoke(tmp_path):
+    data = shared_file("multi30k", "train.de.gz").parent
+    work = tmp_path / "quickstart"
+    r = _run(["bash", "recipes/quickstart.sh", "--smoke"], _env(work, NMTKIT_DATA=str(data)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = SCORE_LINE.search(r.stdout)
+    assert m and "| lines: 1000" in m.group(0), r.stdout  # the whole test_2016_flickr
+    assert (work / "test_2016_flickr.hyp.en").is_file()
+
+
+def test_recipes_refuse_bad_settings(tmp_path):
+    env = _env(tmp_path / "w", SMOKE="1")
+    for extra, msg in [
+        ({"STAGE": "bogus"}, "STAGE=bogus is not a stage; stages: download prepare preprocess train average generate score"),
+        ({"STAGE": "score", "LAST_STAGE": "train"}, "LAST_STAGE=train comes before STAGE=score"),
+        ({"NNODES": "2", "NODE_RANK": "2"}, "NODE_RANK=2 must be below NNODES=2"),
+        ({"MAX_UPDATE": "ten"}, "MAX_UPDATE must be a non-negative integer, got 'ten'"),
+    ]:
+        r = _run(["bash", "recipes/wmt14_en_de/run.sh"], {**env, **extra})
+        assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)
+    r = _run(["bash", "recipes/wmt14_en_fr/run.sh", "huge"], env)
+    assert r.returncode == 2 and "model must be base or big, got 'huge'" in r.stderr
+    r = _run(["bash", "recipes/quickstart.sh", "--fast"], env)
+    assert r.returncode == 2 and "unknown option --fast" in r.stderr
+    assert not (tmp_path / "w").exists()  # refused before writing anything
+
+
+# --- the full-size data path, on archives laid out like statmt.org's -----------------------------
+
+
+def _lines(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8", newline="\n") as fh:
+        return fh.read().split("\n")[:-1]
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _sgm(lines: list[str], lang: str) -> bytes:
+    body = "".join(f'<seg id="{i}">{t}</seg>\n' for i, t in enumerate(lines, start=1))
+    return f'<srcset setid="x" srclang="any">\n<doc sysid="ref" docid="d" genre="news" origlang="{lang}">\n{body}</doc>\n</srcset>\n'.encode()
+
+
+def test_wmt14_en_de_prepare_from_archives(tmp_path):
+    """prepare + preprocess of the full recipe (STAGE=prepare LAST_STAGE=preprocess), on fake
+    archives with the real member names: corpora concatenated in order, the pair with invalid
+    UTF-8 dropped, control characters turned into spaces, SGM test sets extracted as sacreBLEU
+    does (equal to ../shared's sacreBLEU-made text), cleaning with --ratio 1.5 on subwords."""
+    _need_wmt14()
+    wmt = SHARED / "data" / "wmt14"
+    en, de = _lines(wmt / "newstest2014-ende.en.gz"), _lines(wmt / "newstest2014-ende.de.gz")
+    dl = tmp_path / "download"
+    dl.mkdir()
+    # corpora: newstest2014 lines 1-300, 301-600 (+ 2 odd pairs), 601-900, as the three archives
+    cc_en = en[300:600] + ["bad \xff pair", "tab\there\x07bell  "]
+    cc_de = de[300:600] + ["ok", "Tab hier"]
+    with tarfile.open(dl / "training-parallel-europarl-v7.tgz", "w:gz") as t:
+        _add(t, "training/europarl-v7.de-en.en", ("\n".join(en[:300]) + "\n").encode())
+        _add(t, "training/europarl-v7.de-en.de", ("\n".join(de[:300]) + "\n").encode())
+        _add(t, "training/europarl-v7.fr-en.en", b"not used\n")
+    with tarfile.open(dl / "training-parallel-commoncrawl.tgz", "w:gz") as t:
+        # "\xff" stands for a byte that is not UTF-8
+        _add(t, "commoncrawl.de-en.en", ("\n".join(cc_en) + "\n").encode().replace("\xff".encode(), b"\xff"))
+        _add(t, "commoncrawl.de-en.de", ("\n".join(cc_de) + "\n").encode())
+    with tarfile.open(dl / "training-parallel-nc-v9.tgz", "w:gz") as t:
+        _add(t, "training/news-commentary-v9.de-en.en", ("\n".join(en[600:900]) + "\n").encode())
+        _add(t, "training/news-commentary-v9.de-en.de", ("\n".join(de[600:900]) + "\n").encode())
+    with tarfile.open(dl / "dev.tgz", "w:gz") as t:
+        _add(t, "dev/newstest2013-src.en.sgm", _sgm(_lines(wmt / "newstest2013.en.gz"), "en"))
+        _add(t, "dev/newstest2013-ref.de.sgm", _sgm(_lines(wmt / "newstest2013.de.gz"), "de"))
+    with tarfile.open(dl / "test-full.tgz", "w:gz") as t:
+        for name in ("newstest2014-deen-src.en.sgm", "newstest2014-deen-ref.de.sgm"):
+            _add(t, f"test-full/{name}", gzip.decompress((wmt / "sgm" / f"{name}.gz").read_bytes()))
+
+    work = tmp_path / "ende"
+    env = _env(work, STAGE="prepare", LAST_STAGE="preprocess", DOWNLOAD_DIR=str(dl),
+               VOCAB_SIZE="2000", WORKERS="1", DEVICE="cpu")
+    r = _run(["bash", "recipes/wmt14_en_de/run.sh"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = work / "raw"
+    train_en = (raw / "train.en").read_text(encoding="utf-8").split("\n")[:-1]
+    train_de = (raw / "train.de").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(train_en) == len(train_de) == 901  # 902 pairs, 1 dropped for invalid UTF-8
+    assert train_en[:300] == en[:300] and train_en[-300:] == en[600:900]
+    assert train_en[600] == "tab here bell" and train_de[600] == "Tab hier"
+    assert "1 dropped (invalid UTF-8)" in r.stderr
+    # SGM extraction = the sacreBLEU-made plain text in ../shared (full newstest2014: 3003 lines)
+    assert (raw / "test.de").read_text(encoding="utf-8").split("\n")[:-1] == de
+    assert (raw / "valid.de").read_text(encoding="utf-8").split("\n")[:-1] == _lines(wmt / "newstest2013.de.gz")
+    assert not (work / "extract").exists()  # extracted members are removed after prepare
+    manifest = (work / "data" / "manifest.json").read_text()
+    assert '"test"' in manifest and "preprocess: done" in r.stderr
+    assert "train: not run (LAST_STAGE=preprocess)" in r.stderr
