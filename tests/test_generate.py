@@ -309,6 +309,7 @@ def test_refuses_a_checkpoint_of_other_dictionaries(setup, run_cli, tmp_path):
         (("--format", "xml"), "--format"),
         (("--precision", "fp8"), "--precision"),
         (("--lenpen-form", "t2t"), "--lenpen-form"),
+        (("--early-stop", "never"), "--early-stop"),
         (("--topk", "5"), "--sampling"),
         (("--max-tokens", "0"), "--max-tokens"),
         (("--gen-subset", "nosuch"), "nosuch"),

@@ -9,7 +9,7 @@ logits), for the tests whose point is the real incremental cache.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -144,20 +144,27 @@ def reference_beam(model, src_row, cfg, max_len):
     alive = [(0.0, ())]
     finished = []
     for t in range(max_len + 1):
-        cands = []
+        cands, eos_cands = [], []
         for logp, prefix in alive:
             lp = prefix_logprobs(model, src_row, prefix, t, cfg, max_len)
             if lp[EOS] > -math.inf:
-                finished.append(((logp + lp[EOS]) / lpf(t + 1), list(prefix)))
+                eos_cands.append((logp + lp[EOS], list(prefix)))
             cands += [(logp + lp[v], prefix + (v,)) for v in range(len(lp)) if v != EOS and lp[v] > -math.inf]
-        finished = sorted(finished, key=lambda x: -x[0])[:K]
         alive = sorted(cands, key=lambda x: -x[0])[:K]
+        if cfg.early_stop == "beam":  # fairseq: only </s> extensions among the K best candidates
+            every = sorted([c[0] for c in alive] + [e[0] for e in eos_cands], reverse=True)
+            kth = every[K - 1] if len(every) >= K else -math.inf
+            eos_cands = [e for e in eos_cands if e[0] >= kth]
+        finished += [(logp / lpf(t + 1), prefix) for logp, prefix in eos_cands]
+        finished = sorted(finished, key=lambda x: -x[0])[:K]
         if not alive:
             break
-        if cfg.early_stop and len(finished) >= cfg.nbest:
+        if cfg.early_stop == "bound" and len(finished) >= cfg.nbest:
             bound = alive[0][0] / max(lpf(t + 2), lpf(max_len + 1))
             if finished[cfg.nbest - 1][0] >= bound:
                 break
+        if cfg.early_stop == "beam" and len(finished) >= K:
+            break
     return finished[: cfg.nbest]
 
 
@@ -205,7 +212,10 @@ def test_exhaustive_beats_greedy_somewhere():
         {"no_repeat_ngram_size": 2},
         {"unk_penalty": 1.5},
         {"nbest": 2},
-        {"early_stop": False},
+        {"early_stop": "none"},
+        {"early_stop": "beam"},
+        {"early_stop": "beam", "nbest": 2, "lenpen": 1.0, "lenpen_form": "fairseq"},
+        {"early_stop": "beam", "min_len": 3, "no_repeat_ngram_size": 2},
     ],
 )
 def test_matches_reference_beam(beam, extra):
@@ -242,7 +252,7 @@ def test_early_stop_never_changes_the_result():
     for lenpen, form in [(0.6, "gnmt"), (1.0, "fairseq"), (-0.3, "gnmt")]:
         a = search(model, src_batch(srcs), SearchConfig(beam=4, nbest=3, lenpen=lenpen, lenpen_form=form))
         b = search(
-            model, src_batch(srcs), SearchConfig(beam=4, nbest=3, lenpen=lenpen, lenpen_form=form, early_stop=False)
+            model, src_batch(srcs), SearchConfig(beam=4, nbest=3, lenpen=lenpen, lenpen_form=form, early_stop="none")
         )
         for ha, hb in zip(a, b):
             assert [h.tokens for h in ha] == [h.tokens for h in hb]
@@ -321,10 +331,15 @@ def test_greedy_is_arg_max_and_beam_search_never_worse():
         assert hyps[0].tokens == prefix
     with torch.inference_mode():
         beam1 = _beam_search(_Ensemble([model]), src_batch(srcs), cfg)
+        beam1_fairseq = _beam_search(_Ensemble([model]), src_batch(srcs), dataclasses.replace(cfg, early_stop="beam"))
     beam4 = search(model, src_batch(srcs), SearchConfig(beam=4, max_len_a=1, max_len_b=4))
-    for g, b1, b4 in zip(greedy, beam1, beam4):
+    for g, b1, b1f, b4 in zip(greedy, beam1, beam1_fairseq, beam4):
         assert b1[0].score >= g[0].score - 1e-6
         assert b4[0].score >= g[0].score - 1e-6
+        # Under fairseq's rules beam search with beam 1 *is* greedy search.
+        assert b1f[0].tokens == g[0].tokens
+        assert b1f[0].score == pytest.approx(g[0].score, abs=1e-6)
+    assert any(b[0].tokens != g[0].tokens for g, b in zip(greedy, beam1))  # guard: the rules differ
 
 
 def test_ensemble_of_itself_equals_single():
@@ -673,6 +688,31 @@ def test_real_transformer_greedy_is_arg_max(reverser):
                 break
             prefix.append(tok)
         assert hyps[0].tokens == prefix
+
+
+def test_real_transformer_greedy_equals_beam1_under_fairseq_rules(reverser):
+    from nmtkit.generation.search import _beam_search, _Ensemble
+
+    srcs = [[a, b, c] for a in range(4, 12, 2) for b in range(4, 12, 3) for c in (5, 9)] + REV_SRCS
+    for cfg in (SearchConfig(beam=1), SearchConfig(beam=1, min_len=4, lenpen=1.0, lenpen_form="fairseq")):
+        greedy = search(reverser, src_batch(srcs), cfg)
+        with torch.inference_mode():
+            beam1 = _beam_search(_Ensemble([reverser]), src_batch(srcs), dataclasses.replace(cfg, early_stop="beam"))
+        same(greedy, beam1, tol=1e-5)
+
+
+def test_real_transformer_early_stop_rules(reverser):
+    """"bound" gives exactly the "none" (decode to the limit) result; fairseq's "beam" rule never
+    scores better than them and stops no later."""
+    src = src_batch(REV_SRCS)
+    for lenpen, form in ((0.6, "gnmt"), (1.0, "fairseq")):
+        base = dict(beam=4, nbest=2, lenpen=lenpen, lenpen_form=form)
+        none = search(reverser, src, SearchConfig(early_stop="none", **base))
+        bound = search(reverser, src, SearchConfig(early_stop="bound", **base))
+        fair = search(reverser, src, SearchConfig(early_stop="beam", **base))
+        same(none, bound)
+        for n, f in zip(none, fair):
+            assert f[0].score <= n[0].score + 1e-6
 
 
 def test_real_transformer_ensemble(reverser):

@@ -27,7 +27,7 @@ def generate_command(
     min_len: int = typer.Option(0, "--min-len", help="Minimum output tokens before </s>."),
     no_repeat_ngram_size: int = typer.Option(0, "--no-repeat-ngram-size", help="Never repeat an n-gram of this size in a hypothesis (0 = off)."),
     unk_penalty: float = typer.Option(0.0, "--unk-penalty", help="Subtracted from the log-prob of <unk> (negative: a reward)."),
-    no_early_stop: bool = typer.Option(False, "--no-early-stop", help="Decode every sentence to its max length (same result, slower)."),
+    early_stop: str = typer.Option("bound", "--early-stop", help="When a sentence stops: bound (exact: no live hypothesis can still win; tensor2tensor), beam (fairseq: once --beam hypotheses finished; faster, not exact) or none (at the output limit)."),
     sampling: bool = typer.Option(False, "--sampling", help="Sample instead of searching (--beam samples per sentence)."),
     topk: int = typer.Option(0, "--topk", help="Sampling: only from the k most likely tokens (0 = off)."),
     topp: float = typer.Option(0.0, "--topp", help="Sampling: only from the smallest set with probability >= p (0 = off)."),
@@ -53,14 +53,14 @@ def generate_command(
     from nmtkit.generation.search import SearchConfig
 
     check_search_flags(
-        beam=beam, nbest=nbest, lenpen_form=lenpen_form, max_len_a=max_len_a, max_len_b=max_len_b,
+        beam=beam, nbest=nbest, lenpen_form=lenpen_form, early_stop=early_stop, max_len_a=max_len_a, max_len_b=max_len_b,
         min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size, sampling=sampling, topk=topk,
         topp=topp, temperature=temperature,
     )
     search = SearchConfig(
         beam=beam, lenpen=lenpen, lenpen_form=lenpen_form, max_len_a=max_len_a, max_len_b=max_len_b,
         min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size, unk_penalty=unk_penalty, nbest=nbest,
-        early_stop=not no_early_stop, sampling=sampling, topk=topk, topp=topp, temperature=temperature,
+        early_stop=early_stop, sampling=sampling, topk=topk, topp=topp, temperature=temperature,
         seed=seed,
     )
     opts = GenerateOptions(

@@ -82,6 +82,7 @@ def check_search_flags(
     beam: int,
     nbest: int,
     lenpen_form: str,
+    early_stop: str,
     max_len_a: float,
     max_len_b: int,
     min_len: int,
@@ -101,6 +102,8 @@ def check_search_flags(
         raise UserError(f"--nbest {nbest} exceeds the {what} {beam}; raise --beam")
     if lenpen_form not in ("gnmt", "fairseq"):
         raise UserError(f"--lenpen-form must be gnmt or fairseq, got {lenpen_form!r}")
+    if early_stop not in ("bound", "beam", "none"):
+        raise UserError(f"--early-stop must be bound, beam or none, got {early_stop!r}")
     if max_len_a < 0 or max_len_b < 0:
         raise UserError(f"--max-len-a and --max-len-b must be >= 0, got {max_len_a} and {max_len_b}")
     if min_len < 0:

@@ -36,6 +36,7 @@ import torch
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
 LENPEN_FORMS = ("gnmt", "fairseq")
+EARLY_STOP = ("bound", "beam", "none")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,11 @@ class SearchConfig:
     no_repeat_ngram_size: int = 0
     unk_penalty: float = 0.0
     nbest: int = 1
-    early_stop: bool = True
+    # When a sentence's beam search stops (docs/generate.md): "bound" (exact: no live hypothesis
+    # can still beat the nbest finished ones; tensor2tensor's rule, per sentence), "beam"
+    # (fairseq's: `beam` finished hypotheses, admitting only </s> extensions that rank among
+    # the step's `beam` best candidates) or "none" (decode to the output limit).
+    early_stop: str = "bound"
     # Sampling (a bonus): `beam` independent samples per sentence instead of a beam.
     sampling: bool = False
     topk: int = 0  # 0 = no top-k restriction
@@ -73,6 +78,8 @@ class SearchConfig:
             raise ValueError(f"nbest must be between 1 and beam ({self.beam}), got {self.nbest}")
         if self.lenpen_form not in LENPEN_FORMS:
             raise ValueError(f"lenpen_form must be one of {LENPEN_FORMS}, got {self.lenpen_form!r}")
+        if self.early_stop not in EARLY_STOP:
+            raise ValueError(f"early_stop must be one of {EARLY_STOP}, got {self.early_stop!r}")
         if self.min_len < 0 or self.no_repeat_ngram_size < 0 or self.topk < 0:
             raise ValueError("min_len, no_repeat_ngram_size and topk must be >= 0")
         if not 0.0 <= self.topp <= 1.0:
@@ -293,16 +300,19 @@ def _hyp(tokens: torch.Tensor, length: int, pos: torch.Tensor, score: float) -> 
 def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
     """Beam search over (batch x beam) flattened rows.
 
-    Per step and per sentence: the `beam` live hypotheses are extended by every token; every
-    extension by `</s>` is offered to the sentence's finished list (which keeps the `beam` best
-    by length-penalised score); the `beam` best extensions by other tokens (by raw log-prob,
-    which ranks them the same as tensor2tensor's penalised score, since all have the same
-    length) become the new live hypotheses. A sentence stops when (a) it reached its max length
-    (`</s>` forced), or (b) early stop: it holds `nbest` finished hypotheses and the worst of
-    them scores at least the best score any live hypothesis could still reach,
-    `max live logprob / max(lp(t+2), lp(max_len+1))` (log-probs never increase and lp is
-    monotonic in |Y|). This bound makes early stopping exact: stopping never changes the
-    `nbest` output compared with decoding to the max length.
+    Per step and per sentence: the `beam` live hypotheses are extended by every token; the
+    `beam` best extensions by tokens other than `</s>` (by log-prob; all have the same length)
+    become the new live hypotheses; extensions by `</s>` are offered to the sentence's finished
+    list, which keeps the `beam` best by length-penalised score. With early_stop "bound" or
+    "none" every `</s>` extension is offered; with "beam" (fairseq) only those ranking among the
+    step's `beam` best candidates, `</s>` or not.
+
+    A sentence stops at its output limit (where only `</s>` is allowed), or earlier:
+    - "bound": when its `nbest` best finished hypotheses score at least the best score a live
+      hypothesis could still reach, `max live logprob / max(lp(t+2), lp(max_len+1))` (log-probs
+      never increase and lp is monotonic in |Y|). This is exact: the `nbest` output is the same
+      as with "none". (tensor2tensor's rule, per sentence and for the nbest instead of the worst.)
+    - "beam": as soon as it holds `beam` finished hypotheses (fairseq's rule; not exact).
 
     The first step runs on one row per sentence (all beams would be identical), so the
     encoder-side keys/values are computed once per sentence and then copied to the beams.
@@ -314,8 +324,9 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     max_len = max_lengths(src_tokens, cfg).to(device)  # (B,)
     min_len = torch.clamp(max_len, max=cfg.min_len)  # (B,) max_len wins over min_len
     T = int(max_len.max()) if B else 0
-    # Early stopping needs log-probs <= 0; a negative --unk-penalty (a reward) breaks the bound.
-    early = cfg.early_stop and cfg.unk_penalty >= 0
+    # The bound needs log-probs <= 0; a negative --unk-penalty (a reward) breaks it.
+    bound_stop = cfg.early_stop == "bound" and cfg.unk_penalty >= 0
+    fairseq_stop = cfg.early_stop == "beam"
 
     encs = ens.encode(src_tokens)  # one row per sentence until the first step is done
     caches = ens.new_cache(T + 1)  # decoder inputs: <s> and up to T tokens
@@ -342,25 +353,11 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
         V = lprobs.size(1)
         _apply_rules(lprobs, t, tokens[:, 1 : t + 1], row_max_len, row_min_len, cfg)
         base = alive.view(N, 1)  # (N, 1)
-
-        # 1. Offer every </s> extension to the finished lists (only if one can enter).
-        eos_lp = lprobs[:, cfg.eos]  # (N,)
-        eos_score = (base.view(-1) + eos_lp).view(n_active, kc) / length_penalty(
-            float(t + 1), cfg.lenpen, cfg.lenpen_form
-        )
-        if bool((eos_score > fin_scores[:, K - 1 : K]).any()):
-            all_scores = torch.cat([fin_scores, eos_score], dim=1)  # (B', K + kc)
-            fin_scores, sel = all_scores.topk(K, dim=1)  # (B', K), sorted
-            new_tok = tokens[:, 1 : T + 2].reshape(n_active, kc, T + 1)
-            new_pos = pos_scores.view(n_active, kc, T + 1).clone()
-            new_pos[:, :, t] = eos_lp.view(n_active, kc)
-            idx = sel.unsqueeze(-1).expand(-1, -1, T + 1)
-            fin_tokens = torch.cat([fin_tokens, new_tok], dim=1).gather(1, idx)
-            fin_pos = torch.cat([fin_pos, new_pos], dim=1).gather(1, idx)
-            fin_len = torch.cat([fin_len, torch.full((n_active, kc), t, device=device)], dim=1).gather(1, sel)
+        eos_lp = lprobs[:, cfg.eos].clone()  # (N,)
+        eos_cum = (base.view(-1) + eos_lp).view(n_active, kc)  # (B', kc)
         lprobs[:, cfg.eos] = -inf
 
-        # 2. The K best non-</s> extensions become the live hypotheses. A sentence's K best are
+        # 1. The K best non-</s> extensions will be the live hypotheses. A sentence's K best are
         #    among the K best of each of its rows: per-row top-k on the log-probs, then top-k of
         #    those kc*K candidates, never a pass over all N x V cumulative scores.
         kk = min(K, V)
@@ -372,6 +369,24 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
             row_val = torch.cat([row_val.view(n_active, -1), row_val.new_full((n_active, fill), -inf)], dim=1)
             row_tok = torch.cat([row_tok.view(n_active, -1), row_tok.new_full((n_active, fill), cfg.pad)], dim=1)
         top_lp, top_idx = cand.topk(K, dim=1)  # (B', K)
+
+        # 2. Offer the </s> extensions to the finished lists (only if one can enter).
+        eos_score = eos_cum / length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_form)  # (B', kc)
+        if fairseq_stop:  # only </s> extensions among the step's K best candidates
+            kth = torch.cat([top_lp, eos_cum], dim=1).topk(K, dim=1).values[:, K - 1 :]  # (B', 1)
+            eos_score = eos_score.masked_fill(eos_cum < kth, -inf)
+        if bool((eos_score > fin_scores[:, K - 1 : K]).any()):
+            all_scores = torch.cat([fin_scores, eos_score], dim=1)  # (B', K + kc)
+            fin_scores, sel = all_scores.topk(K, dim=1)  # (B', K), sorted
+            new_tok = tokens[:, 1 : T + 2].reshape(n_active, kc, T + 1)
+            new_pos = pos_scores.view(n_active, kc, T + 1).clone()
+            new_pos[:, :, t] = eos_lp.view(n_active, kc)
+            idx = sel.unsqueeze(-1).expand(-1, -1, T + 1)
+            fin_tokens = torch.cat([fin_tokens, new_tok], dim=1).gather(1, idx)
+            fin_pos = torch.cat([fin_pos, new_pos], dim=1).gather(1, idx)
+            fin_len = torch.cat([fin_len, torch.full((n_active, kc), t, device=device)], dim=1).gather(1, sel)
+
+        # 3. Move to the new live hypotheses: reorder rows, append the chosen tokens.
         beam_idx = torch.div(top_idx, kk, rounding_mode="floor").clamp_(max=kc - 1)  # (B', K)
         tok = row_tok.reshape(n_active, -1).gather(1, top_idx)
         step_lp = row_val.reshape(n_active, -1).gather(1, top_idx)
@@ -384,15 +399,17 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
         expanded = kc != K
         kc = K
 
-        # 3. Which sentences are done?
+        # 4. Which sentences are done?
         best_alive = alive[:, 0]  # (B',)
         done = (max_len <= t) | torch.isneginf(best_alive)
-        if early:
+        if bound_stop:
             lp_next = length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_form)
             lp_max = length_penalty(max_len.to(alive.dtype) + 1.0, cfg.lenpen, cfg.lenpen_form)
             bound = best_alive / torch.clamp(lp_max, min=lp_next)  # (B',) best reachable score
             kth = fin_scores[:, cfg.nbest - 1]
             done |= torch.isfinite(kth) & (kth >= bound)
+        elif fairseq_stop:
+            done |= torch.isfinite(fin_scores[:, K - 1])
 
         dropped = bool(done.any())
         if dropped:
