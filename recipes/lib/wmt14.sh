@@ -32,12 +32,14 @@ _int() {  # _int NAME: the variable NAME must hold an integer >= 0
 
 wmt14_setup() {
     # Devices, batch arithmetic and paths derived from the settings; then the stage keys.
-    nmtkit_env || die "could not set up the Python environment (recipes/lib/env.sh)"
+    # Settings are checked first, so that a mistake costs no time.
     case $MODEL in base|big) ;; *) die "model must be base or big, got '$MODEL'" ;; esac
     for v in NNODES NODE_RANK TOKENS_PER_UPDATE MAX_UPDATE AVG_N BEAM VOCAB_SIZE MAX_LEN \
              SAVE_INTERVAL_UPDATES WORKERS THREADS SEED; do _int "$v"; done
     [ "$NNODES" -ge 1 ] || die "NNODES must be >= 1"
     [ "$NODE_RANK" -lt "$NNODES" ] || die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
+    stages_init "${STAGE:-}" "${LAST_STAGE:-}"
+    nmtkit_env || die "could not set up the Python environment (recipes/lib/env.sh)"
 
     # Devices: the GPUs this process may see (CUDA_VISIBLE_DEVICES is honoured), unless DEVICE=cpu.
     if [ -z "${NGPUS:-}" ]; then
@@ -165,7 +167,7 @@ _extract() {  # _extract ARCHIVE MEMBER...: into $WORK/extract (only the members
     shift
     mkdir -p "$WORK/extract"
     say "prepare: extracting $* from $(basename "$archive")"
-    tar -xf "$archive" -C "$WORK/extract" "$@" || die "cannot extract $* from $archive"
+    _data_py extract "$archive" "$WORK/extract" "$@"
 }
 
 _check_lines() {  # _check_lines FILE EXPECTED
@@ -311,7 +313,6 @@ stage_score() {
 wmt14_main() {
     wmt14_setup
     wmt14_summary
-    stages_init "${STAGE:-}" "${LAST_STAGE:-}"
     if [ "$NODE_RANK" -gt 0 ]; then
         # Other nodes only train; node 0 prepares the data (WORK must be on a shared file system)
         # and runs the stages after training.

@@ -4,6 +4,9 @@ Why a script of its own: the recipes need three small, exact text jobs that shel
 (UTF-8 checks, pair-preserving cleaning, SGM extraction identical to sacreBLEU's), and the shell
 stage functions in recipes/lib/wmt14.sh stay readable when each job is one call:
 
+  extract ARCHIVE DEST MEMBER...
+                               copy the named members of a .tgz/.tar into DEST (one pass; a
+                               leading "./" in the archive's names is ignored)
   sgm IN.sgm[.gz] OUT          newstest SGM -> plain text, sacreBLEU's own procedure
   corpus OUT_PREFIX SRC TGT SRC_FILE:TGT_FILE ...
                                concatenate parallel corpora into OUT_PREFIX.{SRC,TGT}, dropping
@@ -21,7 +24,9 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import shutil
 import sys
+import tarfile
 import tempfile
 import unicodedata
 from pathlib import Path
@@ -67,6 +72,44 @@ class _AtomicText:
             os.unlink(self.tmp)
 
 
+# --- archives -----------------------------------------------------------------------------------
+
+
+def extract_members(archive: str, dest: str, members: list[str]) -> None:
+    """Copy `members` of a tar archive (gzip-compressed or not) to DEST/MEMBER, in one pass.
+
+    Why not `tar -xf ARCHIVE MEMBER`: archives differ in whether their names start with "./",
+    and GNU tar and bsdtar match such names differently; here both spellings are accepted, and a
+    missing member is reported with the names the archive does hold."""
+    wanted = {(m[2:] if m.startswith("./") else m): m for m in members}
+    found: set[str] = set()
+    seen: list[str] = []
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for info in tar:
+                name = info.name[2:] if info.name.startswith("./") else info.name
+                if len(seen) < 40 and info.isfile():
+                    seen.append(name)
+                if name not in wanted or not info.isfile():
+                    continue
+                src = tar.extractfile(info)
+                assert src is not None
+                out = Path(dest) / wanted[name]
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = out.with_name(f".{out.name}.part")
+                with open(tmp, "wb") as fo:
+                    shutil.copyfileobj(src, fo, 1 << 22)
+                os.replace(tmp, out)
+                found.add(name)
+                if len(found) == len(wanted):
+                    break
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DataError(f"{archive}: cannot read the archive: {e}") from None
+    missing = sorted(set(wanted) - found)
+    if missing:
+        raise DataError(f"{archive} has no member {', '.join(missing)}; it holds e.g. {', '.join(seen[:12])}")
+
+
 # --- SGM test sets ------------------------------------------------------------------------------
 
 _SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
@@ -87,8 +130,8 @@ def sgm_to_text(src: str, dst: str) -> int:
                 text = _SEG.sub(r"\1", line)
                 out.write(re.sub(r"\s+", " ", text.strip()) + "\n")
                 n += 1
-    if n == 0:
-        raise DataError(f"{src}: no <seg> lines (not a WMT SGM file?)")
+        if n == 0:  # inside the `with`: nothing is written
+            raise DataError(f"{src}: no <seg> lines (not a WMT SGM file?)")
     return n
 
 
@@ -181,7 +224,9 @@ def main(argv: list[str]) -> int:
         return 0
     cmd, args = argv[0], argv[1:]
     try:
-        if cmd == "sgm" and len(args) == 2:
+        if cmd == "extract" and len(args) >= 3:
+            extract_members(args[0], args[1], args[2:])
+        elif cmd == "sgm" and len(args) == 2:
             n = sgm_to_text(*args)
             print(f"  {args[1]}: {n:,} lines", file=sys.stderr)
         elif cmd == "corpus" and len(args) >= 4:
