@@ -153,6 +153,9 @@ def test_recipes_refuse_bad_settings(tmp_path):
         ({"STAGE": "score", "LAST_STAGE": "train"}, "LAST_STAGE=train comes before STAGE=score"),
         ({"NNODES": "2", "NODE_RANK": "2"}, "NODE_RANK=2 must be below NNODES=2"),
         ({"MAX_UPDATE": "ten"}, "MAX_UPDATE must be a non-negative integer, got 'ten'"),
+        ({"MAX_TOKENS_PER_DEVICE": "0"}, "MAX_TOKENS_PER_DEVICE must be a positive integer, got '0'"),
+        ({"NNODES": "2"}, "NNODES=2 needs MASTER_ADDR (node 0's address)"),
+        ({"DEVICE": "tpu"}, "DEVICE must be auto, cpu or cuda, got 'tpu'"),
     ]:
         r = _run(["bash", "recipes/wmt14_en_de/run.sh"], {**env, **extra})
         assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)

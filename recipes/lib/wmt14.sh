@@ -30,14 +30,19 @@ _int() {  # _int NAME: the variable NAME must hold an integer >= 0
     [[ ${!1} =~ ^[0-9]+$ ]] || die "$1 must be a non-negative integer, got '${!1}'"
 }
 
+_pos() {  # _pos NAME: the variable NAME must hold an integer >= 1
+    [[ ${!1} =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '${!1}'"
+}
+
 wmt14_setup() {
     # Devices, batch arithmetic and paths derived from the settings; then the stage keys.
     # Settings are checked first, so that a mistake costs no time.
     case $MODEL in base|big) ;; *) die "model must be base or big, got '$MODEL'" ;; esac
-    for v in NNODES NODE_RANK TOKENS_PER_UPDATE MAX_UPDATE AVG_N BEAM VOCAB_SIZE MAX_LEN \
-             SAVE_INTERVAL_UPDATES WORKERS THREADS SEED; do _int "$v"; done
-    [ "$NNODES" -ge 1 ] || die "NNODES must be >= 1"
+    for v in NODE_RANK MAX_UPDATE MAX_LEN SAVE_INTERVAL_UPDATES SEED; do _int "$v"; done
+    for v in NNODES TOKENS_PER_UPDATE MAX_TOKENS_PER_DEVICE AVG_N BEAM VOCAB_SIZE WORKERS THREADS; do _pos "$v"; done
     [ "$NODE_RANK" -lt "$NNODES" ] || die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
+    [ "$NNODES" = 1 ] || [ -n "$MASTER_ADDR" ] || die "NNODES=$NNODES needs MASTER_ADDR (node 0's address)"
+    case $DEVICE in auto|cpu|cuda) ;; *) die "DEVICE must be auto, cpu or cuda, got '$DEVICE'" ;; esac
     stages_init "${STAGE:-}" "${LAST_STAGE:-}"
     nmtkit_env || die "could not set up the Python environment (recipes/lib/env.sh)"
 
@@ -51,9 +56,12 @@ wmt14_setup() {
     fi
     _int NGPUS
     if [ "$NGPUS" -gt 0 ] && [ "$DEVICE" = auto ]; then DEVICE=cuda; fi
-    [ "$NGPUS" -gt 0 ] || DEVICE=cpu
+    if [ "$NGPUS" = 0 ]; then
+        [ "$DEVICE" != cuda ] || die "DEVICE=cuda but no CUDA device is visible (torch.cuda.device_count() = 0)"
+        DEVICE=cpu
+    fi
     NPROC_PER_NODE=${NPROC_PER_NODE:-$((NGPUS > 0 ? NGPUS : 1))}
-    _int NPROC_PER_NODE
+    _pos NPROC_PER_NODE
     WORLD=$((NNODES * NPROC_PER_NODE))
     if [ -z "${PRECISION:-}" ]; then
         if [ "$DEVICE" = cuda ]; then
@@ -68,9 +76,9 @@ wmt14_setup() {
         MAX_TOKENS=$(( (TOKENS_PER_UPDATE + WORLD - 1) / WORLD ))
         [ "$MAX_TOKENS" -le "$MAX_TOKENS_PER_DEVICE" ] || MAX_TOKENS=$MAX_TOKENS_PER_DEVICE
     fi
-    _int MAX_TOKENS
+    _pos MAX_TOKENS
     UPDATE_FREQ=${UPDATE_FREQ:-$(( (TOKENS_PER_UPDATE + MAX_TOKENS * WORLD - 1) / (MAX_TOKENS * WORLD) ))}
-    _int UPDATE_FREQ
+    _pos UPDATE_FREQ
 
     RAW_DIR=$WORK/raw
     DATA_BIN=$WORK/data
@@ -250,7 +258,6 @@ train_command() {  # the nmtkit train command line (as an array in TRAIN_CMD)
         if [ "$NNODES" -eq 1 ]; then
             TRAIN_CMD+=(--standalone)
         else
-            [ -n "${MASTER_ADDR:-}" ] || die "NNODES=$NNODES needs MASTER_ADDR (node 0's address)"
             TRAIN_CMD+=(--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
         fi
         TRAIN_CMD+=(-m nmtkit train "${args[@]}")
