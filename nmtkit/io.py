@@ -85,6 +85,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
     try:
+        # mkstemp creates 0600; give the file the permissions a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as fh:
             yield fh
             fh.flush()

@@ -42,3 +42,14 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     with atomic_write(p) as f:
         f.write("new")
     assert p.read_text() == "new"
+
+
+def test_atomic_write_has_ordinary_permissions(tmp_path):
+    p = tmp_path / "perm.txt"
+    umask = os.umask(0o022)
+    try:
+        with atomic_write(p) as f:
+            f.write("x")
+    finally:
+        os.umask(umask)
+    assert (p.stat().st_mode & 0o777) == 0o644

@@ -28,13 +28,25 @@ nmtkit_env() {
     fi
     local spec="$_nmtkit_root"
     [ -n "$extras" ] && spec="$_nmtkit_root[$extras]"
-    # Reinstall only when the project changed (editable install: code changes need nothing).
-    local stamp
-    stamp=$(cat "$_nmtkit_root/pyproject.toml" | sha256sum | cut -d' ' -f1)-$extras
-    local marker="$VIRTUAL_ENV/.nmtkit-installed"
-    if [ "$(cat "$marker" 2>/dev/null)" != "$stamp" ] || ! python -c 'import nmtkit' 2>/dev/null; then
+    # Reinstall only when pyproject.toml changed or a requested extra is missing (editable
+    # install: code changes need nothing). The marker holds the pyproject hash and the extras.
+    local hash marker have
+    hash=$(sha256sum < "$_nmtkit_root/pyproject.toml" | cut -d' ' -f1)
+    marker="$VIRTUAL_ENV/.nmtkit-installed"
+    have=$(cat "$marker" 2>/dev/null || true)
+    local need=0
+    [ "${have%% *}" = "$hash" ] || need=1
+    python -c 'import importlib.metadata as m; m.version("nmtkit")' 2>/dev/null || need=1
+    local e
+    for e in ${extras//,/ }; do
+        case " ${have#* } " in *" $e "*) ;; *) need=1 ;; esac
+    done
+    if [ "$need" = 1 ]; then
         echo "[env] installing nmtkit${extras:+[$extras]} (editable) into $VIRTUAL_ENV" >&2
         python -m pip install -q -e "$spec" || return 1
-        echo "$stamp" > "$marker"
+        # keep the extras installed before, unless pyproject changed
+        local old=""
+        [ "${have%% *}" = "$hash" ] && old=${have#* }
+        echo "$hash $old ${extras//,/ }" > "$marker"
     fi
 }
