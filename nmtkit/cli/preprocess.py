@@ -41,9 +41,9 @@ def _prefixes(value: Optional[str], flag: str) -> list[str]:
 
 @app.command("preprocess")
 def preprocess_command(
-    source_lang: str = typer.Option(..., "--source-lang", "-s", help="Source language suffix, e.g. de."),
-    target_lang: str = typer.Option(..., "--target-lang", "-t", help="Target language suffix, e.g. en."),
-    trainpref: str = typer.Option(..., "--trainpref", help="Training files prefix P: reads P.SRC and P.TGT (or .gz)."),
+    source_lang: Optional[str] = typer.Option(None, "--source-lang", "-s", help="Source language suffix, e.g. de (required for translation)."),
+    target_lang: Optional[str] = typer.Option(None, "--target-lang", "-t", help="Target language suffix, e.g. en (required for translation)."),
+    trainpref: Optional[str] = typer.Option(None, "--trainpref", help="Training files prefix P: reads P.SRC and P.TGT (or .gz); --task parsing: a treebank P, P.trees or P.mrg (or .gz, or a folder)."),
     validpref: Optional[str] = typer.Option(None, "--validpref", help="Validation prefix(es), comma-separated: splits valid, valid1, ..."),
     testpref: Optional[str] = typer.Option(None, "--testpref", help="Test prefix(es), comma-separated: splits test, test1, ..."),
     destdir: str = typer.Option(..., "--destdir", help="Output directory (created; replaced only with --force)."),
@@ -58,12 +58,17 @@ def preprocess_command(
     thresholdsrc: int = typer.Option(0, "--thresholdsrc", help="Source (or joined) tokens seen fewer times become <unk>."),
     thresholdtgt: int = typer.Option(0, "--thresholdtgt", help="Target tokens seen fewer times become <unk>."),
     pad_to_multiple: int = typer.Option(8, "--pad-to-multiple", help="Pad dictionary sizes to a multiple of this (madeupwordNNNN entries)."),
-    max_len: int = typer.Option(250, "--max-len", help="Train cleaning: drop pairs with a side longer than this many subword tokens; 0 = no limit."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Train cleaning: drop pairs with a side longer than this many subword tokens; 0 = no limit [default: 250; 0 with --task parsing].", show_default=False),
     min_len: int = typer.Option(1, "--min-len", help="Train cleaning: drop pairs with a side shorter than this many subword tokens."),
-    ratio: float = typer.Option(9.0, "--ratio", help="Train cleaning: drop pairs whose length ratio exceeds this; 0 = no check."),
+    ratio: Optional[float] = typer.Option(None, "--ratio", help="Train cleaning: drop pairs whose length ratio exceeds this; 0 = no check [default: 9.0; 0 with --task parsing].", show_default=False),
     workers: int = typer.Option(1, "--workers", help="Encoding processes (output is identical for any number)."),
     shard_size: int = typer.Option(1_000_000, "--shard-size", help="Sentences per shard file."),
     force: bool = typer.Option(False, "--force", help="Replace a DESTDIR that holds something else (only once the new data is complete)."),
+    task: str = typer.Option("translation", "--task", help="translation (parallel text) or parsing (treebank trees -> words and linearized trees; docs/parsing.md).", rich_help_panel="Parsing"),
+    treebank: Optional[str] = typer.Option(None, "--treebank", help="--task parsing: a whole treebank (LDC parsed/mrg/wsj folder, NLTK treebank.zip, or a file), split by --split.", rich_help_panel="Parsing"),
+    split: Optional[str] = typer.Option(None, "--split", help="--task parsing with --treebank: ptb (WSJ 02-21/22/23) or sample (NLTK sample wsj_0001-0179/0180-0189/0190-0199).", rich_help_panel="Parsing"),
+    pos_tags: Optional[str] = typer.Option(None, "--pos-tags", help="--task parsing: keep (part-of-speech tags in the target, as the paper) or xx (one placeholder tag) [default: keep].", rich_help_panel="Parsing", show_default=False),
+    extra_train: Optional[str] = typer.Option(None, "--extra-train", help="--task parsing: more training trees, comma-separated files or folders (e.g. a silver corpus: the semi-supervised setting).", rich_help_panel="Parsing"),
 ) -> None:
     """Learn a subword model and dictionaries on the training text and binarize every split.
 
@@ -73,6 +78,31 @@ def preprocess_command(
     """
     from nmtkit.data.preprocess import PreprocessConfig, preprocess
 
+    if task not in ("translation", "parsing"):
+        raise UserError(f"--task must be translation or parsing, got {task!r}")
+    parsing = task == "parsing"
+    if parsing:
+        from nmtkit.parsing import pipeline
+
+        for flag, value in (("--source-lang", source_lang), ("--target-lang", target_lang)):
+            if value is not None:
+                raise UserError(f"{flag} does not apply to --task parsing (the sides are "
+                                f"'{pipeline.SOURCE_LANG}' and '{pipeline.TARGET_LANG}')")
+        source_lang, target_lang = pipeline.SOURCE_LANG, pipeline.TARGET_LANG
+        if max_len is None:
+            max_len = pipeline.PARSING_MAX_LEN
+        if ratio is None:
+            ratio = pipeline.PARSING_RATIO
+    else:
+        for flag, value in (("--treebank", treebank), ("--split", split), ("--pos-tags", pos_tags),
+                            ("--extra-train", extra_train)):
+            if value is not None:
+                raise UserError(f"{flag} applies to --task parsing")
+        for flag, value in (("--source-lang", source_lang), ("--target-lang", target_lang), ("--trainpref", trainpref)):
+            if value is None:
+                raise UserError(f"missing option {flag}")
+        max_len = 250 if max_len is None else max_len
+        ratio = 9.0 if ratio is None else ratio
     if bpe != "sentencepiece" and vocab_size is not None:
         raise UserError(f"--vocab-size applies to --bpe sentencepiece, not --bpe {bpe}")
     if bpe != "subword-nmt" and bpe_merges is not None:
@@ -80,10 +110,10 @@ def preprocess_command(
     cfg = PreprocessConfig(
         source_lang=source_lang,
         target_lang=target_lang,
-        trainpref=trainpref,
+        trainpref=trainpref or "",
         destdir=destdir,
-        validpref=_prefixes(validpref, "--validpref"),
-        testpref=_prefixes(testpref, "--testpref"),
+        validpref=[] if parsing else _prefixes(validpref, "--validpref"),
+        testpref=[] if parsing else _prefixes(testpref, "--testpref"),
         bpe=bpe,
         vocab_size=8000 if vocab_size is None else vocab_size,
         bpe_merges=10000 if bpe_merges is None else bpe_merges,
@@ -114,8 +144,19 @@ def preprocess_command(
         console=err,
         transient=True,  # bars vanish when done; the library logs one line per finished phase
     )
+    if parsing:
+        inputs = pipeline.TreebankInputs(
+            treebank=treebank, split=split, trainpref=trainpref,
+            validpref=_prefixes(validpref, "--validpref"), testpref=_prefixes(testpref, "--testpref"),
+            extra_train=_prefixes(extra_train, "--extra-train"), pos=pos_tags or "keep",
+        )
+        inputs.validate()
+    log = lambda msg: progress.console.print(msg, markup=False)  # noqa: E731
     with progress:
-        result = preprocess(cfg, progress=progress, log=lambda msg: progress.console.print(msg, markup=False))
+        if parsing:
+            result = pipeline.preprocess_parsing(inputs, cfg, progress=progress, log=log).result
+        else:
+            result = preprocess(cfg, progress=progress, log=log)
     _print_summary(result)
 
 
@@ -127,9 +168,16 @@ def _print_summary(result) -> None:
     sub = m["subword"]
     d = m["dictionaries"]
     state = "up to date" if result.up_to_date else "written"
-    model = sub["kind"] if sub["kind"] == "none" else f"{sub['kind']} ({'joint' if sub['joint'] else 'separate'})"
+    kinds = sub.get("kinds", {src: sub["kind"], tgt: sub["kind"]})
+    if kinds[src] != kinds[tgt]:
+        model = f"{src} {kinds[src]}, {tgt} {kinds[tgt]}"
+    else:
+        model = sub["kind"] if sub["kind"] == "none" else f"{sub['kind']} ({'joint' if sub['joint'] else 'separate'})"
+    task = f"; task {m['task']}" if m.get("task") else ""
+    if m.get("task") == "parsing":
+        task += f" (--pos-tags {m['parsing']['pos_tags']}; gold trees: {', '.join(m['parsing']['gold'].values())})"
     out.write(f"{result.destdir}: {state}; subwords: {model}; dictionaries: {src} {d[src]['size']}, "
-              f"{tgt} {d[tgt]['size']}{' (joined)' if d['joined'] else ''}\n")
+              f"{tgt} {d[tgt]['size']}{' (joined)' if d['joined'] else ''}{task}\n")
     rows = [("split", "lines", "pairs", f"{src} tokens", f"{tgt} tokens", f"{src} unk", f"{tgt} unk", "shards")]
     for name, s in m["splits"].items():
         rows.append((name, s["lines"], s["sentences"], s["tokens"][src], s["tokens"][tgt],

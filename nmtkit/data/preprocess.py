@@ -103,6 +103,11 @@ class PreprocessConfig:
     workers: int = 1
     shard_size: int = 1_000_000  # sentences per shard
     force: bool = False
+    # Library-only settings (no flags of their own; `--task parsing` uses them, see
+    # nmtkit/parsing/pipeline.py):
+    target_bpe: str | None = None  # "none": the target side is taken as whitespace tokens, no subword model
+    extra_files: dict[str, str] = field(default_factory=dict)  # name in DESTDIR -> file copied there (checksummed)
+    extra_manifest: dict = field(default_factory=dict)  # more top-level manifest entries (e.g. "task")
 
     def __post_init__(self) -> None:
         # a single prefix given as a string means one split, not one split per character
@@ -143,12 +148,30 @@ class PreprocessConfig:
             raise UserError(f"--min-len {self.min_len} is larger than --max-len {self.max_len}")
         if self.joined_dictionary and (self.nwordstgt != -1 or self.thresholdtgt != 0):
             raise UserError("--nwordstgt/--thresholdtgt do not apply with --joined-dictionary (use --nwordssrc/--thresholdsrc)")
+        if self.target_bpe not in (None, "none"):
+            raise UserError(f"target_bpe must be None or 'none', got {self.target_bpe!r}")
+        for name, path in self.extra_files.items():
+            if not name or "/" in name or "\\" in name or name.startswith(".") or name == MANIFEST_NAME \
+                    or name.endswith((".bin", ".idx", ".model", ".codes")) or name.startswith("dict."):
+                raise UserError(f"extra file name {name!r} is not allowed in a data directory")
+            if not Path(path).is_file():
+                raise UserError(f"file not found: {path}")
+
+    def lang_bpe(self, lang: str) -> str:
+        """The subword kind applied to `lang`: `bpe`, or `target_bpe` on the target side when set."""
+        return self.target_bpe if lang == self.target_lang and self.target_bpe is not None else self.bpe
 
     def output_options(self) -> dict:
         """The options that determine the output (not where it goes or how fast it is made)."""
         d = dataclasses.asdict(self)
-        for k in ("trainpref", "validpref", "testpref", "destdir", "workers", "force"):
+        for k in ("trainpref", "validpref", "testpref", "destdir", "workers", "force", "extra_manifest"):
             d.pop(k)
+        # the extra files count by content; unset library-only settings are left out, so data
+        # directories made before they existed stay up to date
+        d["extra_files"] = {name: sha256_file(path) for name, path in sorted(self.extra_files.items())}
+        for k in ("target_bpe", "extra_files"):
+            if not d[k]:
+                d.pop(k)
         return d
 
 
@@ -187,12 +210,12 @@ class _Task:
 _MODELS: dict[str, subwords.SubwordModel] = {}  # per process: lang -> model
 
 
-def _init_models(kind: str, model_files: dict[str, str | None], worker: bool = False) -> None:
+def _init_models(kinds: dict[str, str], model_files: dict[str, str | None], worker: bool = False) -> None:
     if worker:  # Ctrl-C is handled by the parent, which terminates the pool: no traceback per worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _MODELS.clear()
     for lang, path in model_files.items():
-        _MODELS[lang] = subwords.load_model_file(kind, path)
+        _MODELS[lang] = subwords.load_model_file(kinds[lang], path)
 
 
 def _encode_side(model: subwords.SubwordModel, lines: list[str]):
@@ -250,18 +273,18 @@ class _Encoder:
     """Runs `_encode_job` in-process (workers=1) or in a pool, yielding results in input order
     with a bounded number of jobs in flight (so memory does not grow with the corpus)."""
 
-    def __init__(self, kind: str, model_files: dict[str, str | None], workers: int):
+    def __init__(self, kinds: dict[str, str], model_files: dict[str, str | None], workers: int):
         self.workers = workers
         self.pool = None
         self.worker_cpu = 0.0  # CPU seconds spent in worker processes (not counted by our process_time)
         if workers == 1:
-            _init_models(kind, model_files)
+            _init_models(kinds, model_files)
         else:
             # spawn, not fork: the parent runs a progress-bar thread, and forking a threaded
             # process can deadlock the child.
             ctx = multiprocessing.get_context("spawn")
             with _spawn_without_main():
-                self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kind, model_files, True))
+                self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kinds, model_files, True))
 
     def map(self, jobs: Iterator) -> Iterator:
         if self.pool is None:
@@ -480,11 +503,17 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
         manifest = _build(cfg, tmp, inputs, infos, progress, log, timings)
-        manifest.update(
-            fingerprint=fingerprint,
-            inputs=inputs_json,
-            options=dataclasses.asdict(cfg) | {"destdir": str(dest)},
-        )
+        for name, path in cfg.extra_files.items():
+            shutil.copyfile(path, tmp / name)
+            manifest["files"][name] = sha256_file(tmp / name)
+        manifest["files"] = dict(sorted(manifest["files"].items()))
+        for k, v in cfg.extra_manifest.items():
+            if k in manifest:
+                raise ValueError(f"extra manifest entry {k!r} would replace a standard one")
+            manifest[k] = v
+        recorded = dataclasses.asdict(cfg) | {"destdir": str(dest)}
+        recorded.pop("extra_manifest")
+        manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
         write_manifest(tmp, manifest)  # last: its presence marks the directory complete
         _apply_umask(tmp)
         _install(tmp, dest)
@@ -579,11 +608,13 @@ def _learn_subwords(cfg, tmp: Path, inputs, infos, progress, log) -> dict:
     """Learn the subword model(s) on the training text; return the manifest's "subword" entry."""
     src, tgt = cfg.source_lang, cfg.target_lang
     train = inputs["train"][1]
-    entry: dict = {"kind": cfg.bpe, "joint": cfg.joint_bpe if cfg.bpe != "none" else None, "files": {}}
-    if cfg.bpe == "none":
-        entry["files"] = {src: None, tgt: None}
+    kinds = {lang: cfg.lang_bpe(lang) for lang in (src, tgt)}
+    learned = [lang for lang in (src, tgt) if kinds[lang] != "none"]
+    joint = cfg.joint_bpe and len(learned) == 2
+    entry: dict = {"kind": cfg.bpe, "kinds": kinds, "joint": joint if learned else None, "files": {src: None, tgt: None}}
+    if not learned:
         return entry
-    groups = [(None, [src, tgt])] if cfg.joint_bpe else [(src, [src]), (tgt, [tgt])]
+    groups = [(None, learned)] if joint else [(lang, [lang]) for lang in learned]
     for model_lang, langs in groups:
         name = subwords.model_filename(cfg.bpe, model_lang)
         files = [(train[lang], infos["train"][lang].lines) for lang in langs]
@@ -638,8 +669,9 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
     model_files = {lang: (str(tmp / n) if n else None) for lang, n in sub["files"].items()}
     timings["learn"] = time.perf_counter() - t
 
-    spm_mode = cfg.bpe == "sentencepiece"
-    encoder = _Encoder(cfg.bpe, model_files, cfg.workers)
+    kinds = sub["kinds"]
+    spm_mode = {lang: kinds[lang] == "sentencepiece" for lang in langs}  # sentencepiece ids, not strings
+    encoder = _Encoder(kinds, model_files, cfg.workers)
     ok = False
     try:
         # 3. encode the training text once: provisional ids + counts, cleaning as we go
@@ -654,8 +686,9 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
         dropped = Counter({r: 0 for r in CLEAN_REASONS})
         for res in encoder.map(_pair_jobs(src, tgt, train_paths[src], train_paths[tgt])):
             (fs, ls, vs), (ft, lt, vt) = res
-            if not spm_mode:
+            if not spm_mode[src]:
                 fs = _globalize(fs, vs, gvocab)
+            if not spm_mode[tgt]:
                 ft = _globalize(ft, vt, gvocab)
             keep, reasons = clean_mask(ls, lt, cfg.min_len, cfg.max_len, cfg.ratio)
             dropped.update(reasons)
@@ -678,14 +711,11 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
             f"cleaning dropped {sum(dropped.values()):,} ({_reasons_text(dropped)})")
 
         # 4. dictionaries from the counts
-        if spm_mode:
-            tokens = {lang: _spm_pieces(model_files[lang]) for lang in langs}
-        else:
-            tokens = {lang: list(gvocab) for lang in langs}
+        tokens = {lang: _spm_pieces(model_files[lang]) if spm_mode[lang] else list(gvocab) for lang in langs}
         # sentencepiece: every piece of the model enters the dictionary (count 0 if the encoded
         # training text never used it), so valid/test/new input never turn a piece the model
         # can emit into <unk>; string tokens: only those seen (fairseq), as nothing else is known.
-        tok_counts = {lang: _token_counts(tokens[lang], counts[lang], keep_zero=spm_mode) for lang in langs}
+        tok_counts = {lang: _token_counts(tokens[lang], counts[lang], keep_zero=spm_mode[lang]) for lang in langs}
         if cfg.joined_dictionary:
             joint = Counter(tok_counts[src])
             joint.update(tok_counts[tgt])

@@ -179,5 +179,8 @@ def load_subword_model(data_dir: str | os.PathLike, lang: str) -> SubwordModel:
     from nmtkit.data.manifest import load_manifest, subword_model_path
 
     manifest = load_manifest(data_dir)
-    kind = manifest["subword"]["kind"]
+    sub = manifest["subword"]
+    # "kinds" (per language) exists since a side may have no subword model (parsing's trees);
+    # older data directories have one kind for both sides.
+    kind = sub.get("kinds", {}).get(lang, sub["kind"])
     return load_model_file(kind, subword_model_path(data_dir, lang, manifest))

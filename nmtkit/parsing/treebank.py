@@ -26,7 +26,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from nmtkit.errors import UserError
 from nmtkit.io import read_lines
@@ -129,6 +129,19 @@ def parse_treebank_text(lines: Iterable[str], name: str) -> list[Tree]:
     except TreeError as e:
         raise UserError(f"{name}: not a treebank file: {e}") from None
     return trees
+
+
+def iter_treebank_file(path: str | os.PathLike) -> Iterator[Tree]:
+    """The trees of one file (plain or .gz; multi-line `.mrg` or one tree per line), one at a
+    time: memory stays flat for a silver corpus of millions of trees. Errors as
+    `parse_treebank_text` (the file and line named)."""
+    name = str(path)
+    kept = (line for line in read_lines(path) if not line.lstrip().startswith(_BANNER))
+    try:
+        for text in split_trees(kept):
+            yield Tree.parse(text)
+    except TreeError as e:
+        raise UserError(f"{name}: not a treebank file: {e}") from None
 
 
 def read_treebank_file(path: str | os.PathLike) -> list[Tree]:
