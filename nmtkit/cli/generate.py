@@ -23,7 +23,7 @@ def generate_command(
     lenpen: float = typer.Option(0.6, "--lenpen", help="Length penalty exponent alpha (0 = none)."),
     lenpen_form: str = typer.Option("gnmt", "--lenpen-form", help="gnmt: ((5+|Y|)/6)^alpha (paper, tensor2tensor); fairseq: |Y|^alpha."),
     max_len_a: float = typer.Option(1.0, "--max-len-a", help="Output limit a*src_len+b tokens (before </s>): a."),
-    max_len_b: int = typer.Option(50, "--max-len-b", help="Output limit a*src_len+b tokens (before </s>): b."),
+    max_len_b: Optional[int] = typer.Option(None, "--max-len-b", help="Output limit a*src_len+b tokens (before </s>): b [default: 50; 300 for a parsing data dir].", show_default=False),
     min_len: int = typer.Option(0, "--min-len", help="Minimum output tokens before </s>."),
     no_repeat_ngram_size: int = typer.Option(0, "--no-repeat-ngram-size", help="Never repeat an n-gram of this size in a hypothesis (0 = off)."),
     unk_penalty: float = typer.Option(0.0, "--unk-penalty", help="Subtracted from the log-prob of <unk> (negative: a reward)."),
@@ -49,8 +49,11 @@ def generate_command(
     """
     from rich.console import Console
 
-    from nmtkit.generation.generator import GenerateOptions, check_search_flags, generate
+    from nmtkit.generation.generator import GenerateOptions, check_search_flags, default_max_len_b, generate
     from nmtkit.generation.search import SearchConfig
+
+    if max_len_b is None:
+        max_len_b = default_max_len_b(data_dir)
 
     check_search_flags(
         beam=beam, nbest=nbest, lenpen_form=lenpen_form, early_stop=early_stop, max_len_a=max_len_a, max_len_b=max_len_b,

@@ -198,6 +198,7 @@ class Item:
     index: int  # 0-based position in the input (line number - 1)
     ids: np.ndarray  # source dictionary ids without </s>, already truncated to the model limit
     target_ids: np.ndarray | None = None  # reference (binarized splits only), for T- lines
+    text: str | None = None  # the raw input line (--input only): a parsing model's tree gets its words
 
 
 class Truncations:
@@ -254,7 +255,7 @@ def raw_items(path: str, subword, src_dict, trunc: Truncations) -> Iterator[Item
             ids = src_dict.encode(subword.encode(line))
         else:
             ids = np.zeros(0, dtype=np.int64)
-        yield Item(i, trunc(i, ids))
+        yield Item(i, trunc(i, ids), text=line)
 
 
 def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
@@ -316,31 +317,38 @@ def _fmt(x: float) -> str:
 class Writer:
     """Formats one input's hypotheses: plain lines, or fairseq's S-/T-/H-/D-/P- lines."""
 
-    def __init__(self, fh: IO[str], fmt: str, print_scores: bool, nbest: int, src_dict, tgt_dict, detok):
+    def __init__(self, fh: IO[str], fmt: str, print_scores: bool, nbest: int, src_dict, tgt_dict, detok,
+                 text_of: Callable[[Item, list[str]], str] | None = None):
         self.fh, self.fmt, self.print_scores, self.nbest = fh, fmt, print_scores, nbest
         self.src_dict, self.tgt_dict, self.detok = src_dict, tgt_dict, detok
+        self.text_of = text_of  # (item, pieces) -> output text, instead of detok (parsing: a tree)
+
+    def _text(self, item: Item, pieces: list[str]) -> str:
+        return self.detok(pieces) if self.text_of is None else self.text_of(item, pieces)
 
     def write(self, item: Item, hyps: list[Hypothesis]) -> None:
         out = []
         if self.fmt == "plain":
             for j in range(self.nbest):
                 if j < len(hyps):
-                    text = self.detok(self.tgt_dict.string(hyps[j].tokens))
+                    text = self._text(item, self.tgt_dict.string(hyps[j].tokens))
                     score = hyps[j].score
                 else:  # nbest lines per input whatever happens, so line counts stay fixed:
                     # an empty input has one certain (log-prob 0) empty output; a search that
                     # found fewer hypotheses than --nbest (tiny vocabularies) pads with -inf.
-                    text, score = "", (0.0 if not hyps else -math.inf)
+                    # (parsing: still a tree, of the input's words)
+                    text = "" if self.text_of is None else self.text_of(item, [])
+                    score = 0.0 if not hyps else -math.inf
                 out.append(f"{_fmt(score)}\t{text}" if self.print_scores else text)
         else:
             i = item.index
             out.append(f"S-{i}\t{' '.join(self.src_dict.string(item.ids))}")
             if item.target_ids is not None:
-                out.append(f"T-{i}\t{self.detok(self.tgt_dict.string(item.target_ids))}")
+                out.append(f"T-{i}\t{self._text(item, self.tgt_dict.string(item.target_ids))}")
             for h in hyps:
                 pieces = self.tgt_dict.string(h.tokens)
                 out.append(f"H-{i}\t{_fmt(h.score)}\t{' '.join(pieces)}")
-                out.append(f"D-{i}\t{_fmt(h.score)}\t{self.detok(pieces)}")
+                out.append(f"D-{i}\t{_fmt(h.score)}\t{self._text(item, pieces)}")
                 out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.positional_scores)}")
         self.fh.write("".join(line.replace("\n", " ") + "\n" for line in out))
 
@@ -459,6 +467,12 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
             loaded.max_source_tokens,
         )
         total, items = split_items(opts.data_dir, split, src_lang, tgt_lang, trunc)
+    text_of = None
+    if manifest.get("task") == "parsing":  # one bracketed tree per input line (docs/parsing.md)
+        from nmtkit.parsing.pipeline import tree_writer
+
+        text_of = tree_writer(opts.data_dir, manifest, None if opts.input is not None else split, total,
+                              src_dict, src_lang)
 
     stats = GenerateStats()
     progress = _progress(opts.progress and sys.stderr.isatty(), total)
@@ -473,7 +487,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
 
     stream = output_stream(opts.output) if out is None else contextlib.nullcontext(out)
     with stream as fh:
-        writer = Writer(fh, opts.format, opts.print_scores, cfg.nbest, src_dict, tgt_dict, tgt_subword.decode)
+        writer = Writer(fh, opts.format, opts.print_scores, cfg.nbest, src_dict, tgt_dict, tgt_subword.decode, text_of)
         if progress is not None:
             progress.start()
             task = progress.add_task("generate", total=total, rate="-")
@@ -503,6 +517,15 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     stats.truncated = trunc.count
     stats.total_seconds = time.perf_counter() - t_start
     return stats
+
+
+def default_max_len_b(data_dir: str) -> int:
+    """--max-len-b when not given: 50 (the paper's translation), 300 for a parsing data directory
+    (section 6.3: output limit input length + 300; linearized trees are 2-4 tokens per word)."""
+    from nmtkit.data.manifest import load_manifest
+    from nmtkit.parsing.pipeline import PARSING_MAX_LEN_B
+
+    return PARSING_MAX_LEN_B if load_manifest(data_dir).get("task") == "parsing" else SearchConfig.max_len_b
 
 
 def _check_output_path(opts: GenerateOptions) -> None:

@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -47,6 +47,7 @@ SOURCE_LANG = SOURCE_SUFFIX  # "words": the source "language" of a parsing data 
 TARGET_LANG = TARGET_SUFFIX  # "lin": the linearized trees
 PARSING_MAX_LEN = 0  # default --max-len for --task parsing: no limit (see the module docstring)
 PARSING_RATIO = 0.0  # default --ratio for --task parsing: no ratio check
+PARSING_MAX_LEN_B = 300  # generate's default --max-len-b on a parsing data dir: input + 300 (the paper)
 WORDS_SUFFIX = "words"  # DESTDIR/SPLIT.words: the sentences of a valid/test split, for generate
 _MADEUP = re.compile(r"madeupword\d+")  # dictionary filler (--pad-to-multiple): never a tree token
 
@@ -249,12 +250,30 @@ def tree_line(pieces: list[str], words: str | list[str], pos: str) -> str:
     return output_tree_line([p for p in pieces if not _MADEUP.fullmatch(p)], words, pos)
 
 
-def tree_output(pos: str, words_of: Callable[[int], str | list[str]]) -> Callable[[int, list[str]], str]:
-    """`(index, hypothesis pieces) -> tree line`, with `words_of(index)` the input's words."""
-    return lambda index, pieces: tree_line(pieces, words_of(index), pos)
+def tree_writer(data_dir: str | os.PathLike, manifest: dict, split: str | None, count: int | None,
+                src_dict, src_lang: str) -> Callable[[object, list[str]], str]:
+    """For `nmtkit generate` on a parsing data directory: `(item, hypothesis pieces) -> tree line`.
 
+    The words put into the tree are, in this order of preference: the raw input line
+    (`item.text`, `--input`; its whitespace tokens), the split's `SPLIT.words` kept in DATA_DIR
+    (valid/test), or the source subword model's decoding of the ids (other splits; the ids may
+    have been truncated, and `repair` then still gives every preterminal a word it has).
+    """
+    info = parsing_info(manifest)
+    pos = info["pos_tags"]
+    lines = split_words(data_dir, manifest, split, count) if split is not None and count is not None else None
+    subword = None
 
-def iter_tree_lines(hyps: Iterable[list[str]], words: Iterable[str], pos: str) -> Iterator[str]:
-    """Tree lines for parallel hypotheses and word lines (for scripts and tests)."""
-    for pieces, line in zip(hyps, words, strict=True):
-        yield tree_line(pieces, line, pos)
+    def words_of(item) -> str:
+        nonlocal subword
+        if getattr(item, "text", None) is not None:
+            return item.text
+        if lines is not None:
+            return lines[item.index]
+        if subword is None:
+            from nmtkit.data.subwords import load_subword_model
+
+            subword = load_subword_model(data_dir, src_lang)
+        return subword.decode(src_dict.string(item.ids))
+
+    return lambda item, pieces: tree_line(pieces, words_of(item), pos)
