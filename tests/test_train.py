@@ -274,10 +274,13 @@ def ck_sha(path):
 
 def test_cli_train_and_flag_errors(data_dir, tmp_path, run_cli):
     r = run_cli("train", data_dir, "--arch", "transformer_tiny", "--save-dir", tmp_path / "c", "--max-update", "2",
-                "--max-tokens", "256", "--threads", "1", "--no-progress-bar", "--no-validate", "--d-ff", "64")
+                "--max-tokens", "256", "--threads", "1", "--no-progress-bar", "--no-validate", "--d-ff", "64",
+                "--warmup-updates", "7")
     assert r.code == 0, r
     assert "reached --max-update: update 2" in r.out
-    assert ck.load_checkpoint(tmp_path / "c" / "checkpoint_last.pt")["arch_config"]["d_ff"] == 64
+    state = ck.load_checkpoint(tmp_path / "c" / "checkpoint_last.pt")
+    assert state["arch_config"]["d_ff"] == 64 and state["arch_config"]["warmup_steps"] == 7
+    assert state["train"]["scheduler"]["warmup"] == 7
     for args, msg in [
         (["--heads", "3"], "--d-model 64 is not divisible by --heads 3"),
         (["--precision", "fp8"], "--precision must be one of"),

@@ -21,7 +21,7 @@ P_LOG = "Logging and robustness"
 
 
 @app.command("train")
-@with_arch_options
+@with_arch_options(exclude=("warmup_steps",))  # --warmup-updates below sets it
 def train_cmd(
     data_dir: Path = typer.Argument(..., help="A data directory written by 'nmtkit preprocess'."),
     arch: str = typer.Option("transformer_base", "--arch", help="Named architecture (see 'nmtkit archs'); the flags in the Architecture panel override its fields."),
@@ -36,7 +36,7 @@ def train_cmd(
     lr_scheduler: str = typer.Option("noam", "--lr-scheduler", help="noam (the paper: lr-scale * d_model^-0.5 * min(u^-0.5, u * warmup^-1.5)) or inverse_sqrt (fairseq: linear warmup to --lr, then --lr * sqrt(warmup/u)).", rich_help_panel=P_OPT),
     lr_scale: float = typer.Option(1.0, "--lr-scale", help="noam: multiplies the paper's learning rate.", rich_help_panel=P_OPT),
     lr: float = typer.Option(5e-4, "--lr", help="inverse_sqrt: the peak learning rate, reached after warmup.", rich_help_panel=P_OPT),
-    warmup_updates: Optional[int] = typer.Option(None, "--warmup-updates", help="Warmup updates [default: the architecture's warmup_steps, 4000 for the paper's models].", rich_help_panel=P_OPT, show_default=False),
+    warmup_updates: Optional[int] = typer.Option(None, "--warmup-updates", help="Warmup updates of either schedule; sets the architecture's warmup_steps field [default: the architecture's, 4000 for the paper's models].", rich_help_panel=P_OPT, show_default=False),
     warmup_init_lr: float = typer.Option(0.0, "--warmup-init-lr", help="inverse_sqrt: learning rate at update 0 of the warmup.", rich_help_panel=P_OPT),
     adam_betas: str = typer.Option("0.9,0.98", "--adam-betas", help="Adam beta1,beta2.", rich_help_panel=P_OPT),
     adam_eps: float = typer.Option(1e-9, "--adam-eps", help="Adam epsilon.", rich_help_panel=P_OPT),
@@ -79,9 +79,11 @@ def train_cmd(
     from nmtkit.training.config import TrainConfig, parse_betas, parse_duration
     from nmtkit.training.trainer import train
 
+    overrides = {k: v for k, v in (arch_overrides or {}).items() if v is not None}
+    if warmup_updates is not None:  # the architecture's warmup_steps field, under fairseq's flag name
+        overrides["warmup_steps"] = warmup_updates
     cfg = TrainConfig(
-        data_dir=str(data_dir), save_dir=str(save_dir), arch=arch,
-        arch_overrides={k: v for k, v in (arch_overrides or {}).items() if v is not None},
+        data_dir=str(data_dir), save_dir=str(save_dir), arch=arch, arch_overrides=overrides,
         max_tokens=max_tokens if max_tokens else None, batch_size=batch_size, update_freq=update_freq,
         train_subset=train_subset, valid_subset=valid_subset,
         lr_scheduler=lr_scheduler, lr_scale=lr_scale, lr=lr, warmup_updates=warmup_updates,
