@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 import random
-from pathlib import Path
 
 import pytest
 import torch

@@ -20,6 +20,8 @@
 #   LENPEN_FORM=fairseq  the anchors' fairseq-generate and CTranslate2 use |Y|^alpha; gnmt = the paper
 #   EXTRA="..."        more `nmtkit generate` flags (e.g. "--precision bf16")
 #   BENCH_DIR=DIR      scratch folder (default: ./work/bench_generate)
+#   OMP_WAIT_POLICY=PASSIVE  set it when the machine is busy with other work: OpenMP's default
+#                      spinning then makes THREADS=2 many times slower (docs/generate.md, Speed)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . recipes/lib/env.sh
