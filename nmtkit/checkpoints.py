@@ -14,7 +14,8 @@ Layout of a checkpoint (format_version 1; docs/formats.md "## Checkpoints" is th
     arch_config         dict, dataclasses.asdict(ArchConfig) (ArchConfig(**d) rebuilds it)
     model               state_dict of the model (the raw, trained weights)
     ema                 state_dict of the exponential moving average of the weights, or absent
-    dictionaries        {"src_sha256", "tgt_sha256", "src_size", "tgt_size"}
+    dictionaries        {"src_sha256", "tgt_sha256", "src_size", "tgt_size", "src_lang", "tgt_lang"}
+                        (the language codes are absent from checkpoints written before they were kept)
     data_manifest_id    str or None: the id of the data dir's manifest.json the model trained on
     update, epoch       int: updates done; the epoch the last update belongs to
     train_args          dict of the `nmtkit train` settings (plain values)
@@ -177,8 +178,18 @@ def check_same_model(state: dict, where: str, *, arch: str, arch_config: dict, d
 
 
 def check_same_dictionaries(state: dict, where: str, dictionaries: dict, what: str = "it cannot continue on this data dir") -> None:
-    """Refuse a checkpoint trained with other source/target dictionaries (by sha256)."""
+    """Refuse a checkpoint trained with other source/target dictionaries (by sha256) or languages.
+
+    A joined dictionary is the same file on both sides, so the checksums alone would accept a data
+    dir of the reverse direction (en-de for a de-en model); the language codes catch that. They
+    are compared only when both sides record them (older checkpoints lack them).
+    """
     have = state.get("dictionaries") or {}
+    mine = (have.get("src_lang"), have.get("tgt_lang"))
+    theirs = (dictionaries.get("src_lang"), dictionaries.get("tgt_lang"))
+    if None not in mine and None not in theirs and mine != theirs:
+        raise UserError(f"{where} was trained for {mine[0]}->{mine[1]}, but the data dir is "
+                        f"{theirs[0]}->{theirs[1]}; {what}")
     for side in ("src", "tgt"):
         mine, theirs = have.get(f"{side}_sha256"), dictionaries.get(f"{side}_sha256")
         if mine != theirs:

@@ -87,6 +87,7 @@ def setup(tmp_path_factory):
                 "dictionaries": {
                     "src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256,
                     "src_size": len(src_dict), "tgt_size": len(tgt_dict),
+                    "src_lang": "de", "tgt_lang": "en",
                 },
             },
             p,
@@ -298,6 +299,25 @@ def test_refuses_a_checkpoint_of_other_dictionaries(setup, run_cli, tmp_path):
     r = run_cli("generate", data, "--path", other, *COMMON)
     assert r.code == 2 and "--path" in r.err and "tgt dictionary" in r.err
     assert len([x for x in r.err.splitlines() if x.strip()]) == 1
+
+
+def test_refuses_a_checkpoint_of_the_reverse_direction(setup, run_cli, tmp_path):
+    # a joined dictionary has the same checksum on both sides: only the language codes tell
+    # an en->de model from a de->en one
+    from nmtkit.checkpoints import load_checkpoint, save_checkpoint
+
+    data, ckpt, _, _ = setup
+    state = load_checkpoint(ckpt)
+    assert state["dictionaries"]["src_sha256"] == state["dictionaries"]["tgt_sha256"]
+    state["dictionaries"]["src_lang"], state["dictionaries"]["tgt_lang"] = "en", "de"
+    reverse = tmp_path / "reverse.pt"
+    save_checkpoint(state, reverse)
+    r = run_cli("generate", data, "--path", reverse, *COMMON)
+    assert r.code == 2 and "trained for en->de" in r.err and "de->en" in r.err, r
+    # checkpoints written before the codes were kept still load
+    del state["dictionaries"]["src_lang"], state["dictionaries"]["tgt_lang"]
+    save_checkpoint(state, reverse)
+    assert run_cli("generate", data, "--path", reverse, *COMMON).code == 0
 
 
 @pytest.mark.parametrize(

@@ -153,13 +153,16 @@ class LoadedModels:
 
 
 def load_models(
-    paths: list[str], src_dict, tgt_dict, device: torch.device, dtype: torch.dtype, ema: bool = False
+    paths: list[str], src_dict, tgt_dict, device: torch.device, dtype: torch.dtype, ema: bool = False,
+    langs: tuple[str, str] | None = None,
 ) -> LoadedModels:
-    """Build each checkpoint's Transformer, refusing dictionaries that differ from the data dir's."""
+    """Build each checkpoint's Transformer, refusing dictionaries (or languages) that differ from the data dir's."""
     from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
     from nmtkit.models import ArchConfig, Transformer
 
     expected = {"src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256}
+    if langs is not None:
+        expected["src_lang"], expected["tgt_lang"] = langs
     models = []
     max_src = max_tgt = math.inf
     for p in paths:
@@ -442,7 +445,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     src_lang, tgt_lang = manifest["source_lang"], manifest["target_lang"]
     src_dict, tgt_dict = load_dictionaries(opts.data_dir, manifest)
     tgt_subword = load_subword_model(opts.data_dir, tgt_lang)
-    loaded = load_models(opts.paths, src_dict, tgt_dict, device, dtype, ema=opts.ema)
+    loaded = load_models(opts.paths, src_dict, tgt_dict, device, dtype, ema=opts.ema, langs=(src_lang, tgt_lang))
 
     cfg = opts.search
     cap = loaded.max_target_tokens if cfg.max_len_cap is None else min(cfg.max_len_cap, loaded.max_target_tokens)

@@ -169,6 +169,7 @@ class Trainer:
         self.dictionaries = {
             "src_sha256": self.src_dict.sha256, "tgt_sha256": self.tgt_dict.sha256,
             "src_size": len(self.src_dict), "tgt_size": len(self.tgt_dict),
+            "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
         }
         self.manifest_id = manifest_id(self.manifest)
 
