@@ -92,6 +92,36 @@ def test_cache_and_encoder_reordering_follow_new_order():
     torch.testing.assert_close(torch.cat(out, 1), full, atol=1e-5, rtol=0)
 
 
+def test_beams_share_one_copy_of_the_encoder_keys_and_values():
+    """After a beam expansion the g rows of a sentence attend to one cached copy of its encoder
+    K/V; reordering within beams and dropping a sentence keep per-sentence K/V; the logits stay
+    those of teacher forcing on each row's own history."""
+    model = make()
+    src, _, _ = batch(b=3)
+    g = torch.Generator().manual_seed(5)
+    expand = torch.tensor([0, 0, 1, 1, 2, 2])  # 3 sentences -> beams of 2
+    regroup = torch.tensor([1, 0, 4, 4])  # sentence 0's beams swapped, sentence 1 gone, a row twice
+    h6 = torch.randint(4, V, (6, 3), generator=g)
+    h6[:, 0] = 1  # <s>
+    h4 = torch.cat([h6.index_select(0, regroup), torch.randint(4, V, (4, 2), generator=g)], 1)  # (4, 5)
+    with torch.no_grad():
+        want6 = model(src.index_select(0, expand), h6)  # (6, 3, V)
+        want4 = model(src.index_select(0, expand.index_select(0, regroup)), h4)  # (4, 5, V)
+        enc = model.encode(src)
+        cache = model.new_cache()
+        model.decode_step(h6[[0, 2, 4], :1], enc, cache)  # one row per sentence
+        cache.index_select(expand)
+        enc = enc.index_select(expand)
+        assert all(lc.cross_k.size(0) == 3 for lc in cache.layers)  # not copied per beam
+        got6 = [model.decode_step(h6[:, i:i + 1], enc, cache) for i in (1, 2)]
+        cache.index_select(regroup)
+        enc = enc.index_select(regroup)
+        assert all(lc.cross_k.size(0) == 2 and lc.cross_mask.size(0) == 2 for lc in cache.layers)
+        got4 = [model.decode_step(h4[:, i:i + 1], enc, cache) for i in (3, 4)]
+    torch.testing.assert_close(torch.cat(got6, 1), want6[:, 1:3], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(got4, 1), want4[:, 3:5], atol=1e-5, rtol=0)
+
+
 def test_encoder_out_index_select():
     out = torch.arange(24.0).view(3, 4, 2)
     pad = torch.tensor([[False] * 4, [False, False, True, True], [False, True, True, True]])

@@ -168,13 +168,26 @@ class DecoderLayer(_Sublayers):
 
     def forward_step(self, x: Tensor, memory: Tensor, memory_mask: Tensor,
                      cache: "LayerCache") -> Tensor:
-        """One new position: x (B, 1, D) -> (B, 1, D), using and growing `cache`."""
+        """One new position: x (N, 1, D) -> (N, 1, D), using and growing `cache`.
+
+        memory (M, S, D) and memory_mask (M, 1, 1, S) are read at the first step only, when the
+        encoder-side K/V are computed and cached. N must be a multiple of M: rows
+        g*i ... g*i + g-1 (g = N / M) are the hypotheses of memory row i (a beam of g), and their
+        queries attend to that row's K/V together, as g queries of one (M, h, g, d_k) batch,
+        instead of over g copies of the K/V (less memory, no copy when beams are reordered).
+        """
         x = self._post(x, self.self_attn.forward_step(self._pre(x, self.self_attn_norm), cache.self_kv),
                        self.self_attn_norm)
-        if cache.cross_k is None:  # first step: the encoder-side K/V, once per sentence
+        if cache.cross_k is None:  # first step: the encoder-side K/V, once per memory row
             k, v = self.cross_attn.project_kv(memory)  # strided views of one projection
             cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()  # read every step
-        x = self._cross(x, cache.cross_k, cache.cross_v, memory_mask)
+            cache.cross_mask = memory_mask
+        n, m = x.size(0), cache.cross_k.size(0)
+        attn = self.cross_attn
+        h = self._pre(x, self.cross_attn_norm)
+        q = attn.q_proj(h).view(m, n // m, attn.heads, attn.d_k).transpose(1, 2)  # (M, h, g, d_k)
+        y = attn.attend(q, cache.cross_k, cache.cross_v, attn_mask=cache.cross_mask)  # (M, g, D)
+        x = self._post(x, y.reshape(n, 1, -1), self.cross_attn_norm)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
 
@@ -197,12 +210,17 @@ class EncoderOut:
 
 
 class LayerCache:
-    """One decoder layer's incremental state: self-attention K/V and encoder-side K/V."""
+    """One decoder layer's incremental state: self-attention K/V and encoder-side K/V.
+
+    The encoder-side K/V have one row per memory row (M, usually one per sentence), shared by
+    the N = M * g decoder rows of its beam (DecoderLayer.forward_step).
+    """
 
     def __init__(self, capacity: int | None):
         self.self_kv = KVCache(capacity)
-        self.cross_k: Tensor | None = None  # (B, h, S, d_k)
-        self.cross_v: Tensor | None = None  # (B, h, S, d_v)
+        self.cross_k: Tensor | None = None  # (M, h, S, d_k)
+        self.cross_v: Tensor | None = None  # (M, h, S, d_v)
+        self.cross_mask: Tensor | None = None  # (M, 1, 1, S) bool, True = a real source token
 
 
 class DecoderCache:
@@ -218,15 +236,30 @@ class DecoderCache:
     def index_select(self, new_order: Tensor, include_encoder: bool = True) -> None:
         """Reorder/keep batch rows in place: row i becomes old row new_order[i].
 
-        include_encoder=False leaves the encoder-side K/V alone: beam search may pass it when the
-        batch size is unchanged and new_order only moves rows among the beams of one sentence
-        (those rows hold identical encoder K/V), saving a copy per layer and step.
+        The encoder-side K/V follow at the level of memory rows: when the new rows still come in
+        equal groups that each draw on one memory row (beam expansion, reordering within beams,
+        finished sentences leaving), only those memory rows are kept; otherwise each new row gets
+        its own copy. include_encoder=False leaves the encoder-side K/V alone: beam search may
+        pass it when new_order only moves rows among the beams of one sentence.
         """
+        first = self.layers[0]
+        n_old = first.self_kv.k.size(0) if first.self_kv.k is not None else None
         for lc in self.layers:
             lc.self_kv.index_select(new_order)
-            if include_encoder and lc.cross_k is not None:
-                lc.cross_k = lc.cross_k.index_select(0, new_order)
-                lc.cross_v = lc.cross_v.index_select(0, new_order)
+        if not include_encoder or first.cross_k is None or n_old is None:
+            return
+        m_old = first.cross_k.size(0)
+        row_memory = torch.div(new_order, n_old // m_old, rounding_mode="floor")  # (N_new,)
+        memory_order = torch.unique_consecutive(row_memory)  # (M_new,)
+        n, m = row_memory.numel(), memory_order.numel()
+        if n % m != 0 or not bool((row_memory.view(m, n // m) == memory_order[:, None]).all()):
+            memory_order = row_memory  # not grouped: one memory row per decoder row
+        elif m == m_old and bool((memory_order == torch.arange(m, device=memory_order.device)).all()):
+            return  # the same memory rows (e.g. a beam expansion): nothing to copy
+        for lc in self.layers:
+            lc.cross_k = lc.cross_k.index_select(0, memory_order)
+            lc.cross_v = lc.cross_v.index_select(0, memory_order)
+            lc.cross_mask = lc.cross_mask.index_select(0, memory_order)
 
 
 class Transformer(nn.Module):
