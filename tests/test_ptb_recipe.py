@@ -29,7 +29,7 @@ def _env(work: Path, **extra: str) -> dict:
     env["NMTKIT_SHARED"] = str(SHARED)
     env["WORK"] = str(work)
     env["OMP_NUM_THREADS"] = "1"
-    for k in ("STAGE", "LAST_STAGE", "SMOKE", "PTB_DIR", "SILVER", "DEVICE"):
+    for k in ("STAGE", "LAST_STAGE", "SMOKE", "SAMPLE", "PTB_DIR", "SILVER", "DEVICE", "BPE"):
         env.pop(k, None)
     env.update(extra)
     return env
@@ -66,12 +66,14 @@ def test_ptb_smoke_runs_every_stage_then_is_up_to_date(tmp_path):
 def test_ptb_recipe_refuses_bad_settings(tmp_path):
     env = _env(tmp_path / "w")
     for extra, msg in [
-        ({}, "set PTB_DIR to the LDC Treebank-3 parsed/mrg/wsj folder (or SMOKE=1 for the NLTK sample)"),
+        ({}, "set PTB_DIR to the LDC Treebank-3 parsed/mrg/wsj folder (or SAMPLE=1 / SMOKE=1 for the NLTK sample)"),
         ({"PTB_DIR": str(tmp_path / "nope")}, f"PTB_DIR={tmp_path / 'nope'} is not a folder"),
         ({"SMOKE": "1", "POS_TAGS": "tags"}, "POS_TAGS must be keep or xx, got 'tags'"),
         ({"SMOKE": "1", "BEAM": "wide"}, "BEAM must be a non-negative integer, got 'wide'"),
         ({"SMOKE": "1", "STAGE": "prepare"}, "STAGE=prepare is not a stage; stages: preprocess train average generate score"),
         ({"SMOKE": "1", "SILVER": str(tmp_path / "silver.trees")}, "silver.trees: no such file"),
+        ({"SMOKE": "1", "SAMPLE": "1"}, "SMOKE=1 and SAMPLE=1 exclude each other"),
+        ({"SAMPLE": "1", "BPE": "wordpiece"}, "BPE must be sentencepiece or none, got 'wordpiece'"),
     ]:
         r = _run({**env, **extra})
         assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)
