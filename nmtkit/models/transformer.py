@@ -150,9 +150,17 @@ class DecoderLayer(_Sublayers):
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
 
     def _cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """Encoder-decoder sub-layer: x (N, T, D) attends to k, v (M, h, S, d) with mask (M, 1, 1, S).
+
+        N must be a multiple of M: rows g*i ... g*i + g-1 of x (g = N / M; in beam search, the
+        hypotheses of one sentence) attend to memory row i, as one batch of g*T queries, so the
+        beams of a sentence read one copy of its K/V. Teacher forcing has N = M.
+        """
         h = self._pre(x, self.cross_attn_norm)
-        y = self.cross_attn.attend(self.cross_attn.project_q(h), k, v, attn_mask=mask)
-        return self._post(x, y, self.cross_attn_norm)
+        attn = self.cross_attn
+        q = attn.q_proj(h).reshape(k.size(0), -1, attn.heads, attn.d_k).transpose(1, 2)  # (M, h, g*T, d_k)
+        y = attn.attend(q, k, v, attn_mask=mask)  # (M, g*T, D)
+        return self._post(x, y.reshape(x.shape), self.cross_attn_norm)
 
     def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor) -> Tensor:
         """Teacher forcing: x (B, T, D), memory (B, S, D), memory_mask (B, 1, 1, S) -> (B, T, D).
@@ -171,10 +179,8 @@ class DecoderLayer(_Sublayers):
         """One new position: x (N, 1, D) -> (N, 1, D), using and growing `cache`.
 
         memory (M, S, D) and memory_mask (M, 1, 1, S) are read at the first step only, when the
-        encoder-side K/V are computed and cached. N must be a multiple of M: rows
-        g*i ... g*i + g-1 (g = N / M) are the hypotheses of memory row i (a beam of g), and their
-        queries attend to that row's K/V together, as g queries of one (M, h, g, d_k) batch,
-        instead of over g copies of the K/V (less memory, no copy when beams are reordered).
+        encoder-side K/V are computed and cached; later steps may run on N = M * g rows, g per
+        memory row (see `_cross`), so that beams share one copy of the K/V.
         """
         x = self._post(x, self.self_attn.forward_step(self._pre(x, self.self_attn_norm), cache.self_kv),
                        self.self_attn_norm)
@@ -182,12 +188,7 @@ class DecoderLayer(_Sublayers):
             k, v = self.cross_attn.project_kv(memory)  # strided views of one projection
             cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()  # read every step
             cache.cross_mask = memory_mask
-        n, m = x.size(0), cache.cross_k.size(0)
-        attn = self.cross_attn
-        h = self._pre(x, self.cross_attn_norm)
-        q = attn.q_proj(h).view(m, n // m, attn.heads, attn.d_k).transpose(1, 2)  # (M, h, g, d_k)
-        y = attn.attend(q, cache.cross_k, cache.cross_v, attn_mask=cache.cross_mask)  # (M, g, D)
-        x = self._post(x, y.reshape(n, 1, -1), self.cross_attn_norm)
+        x = self._cross(x, cache.cross_k, cache.cross_v, cache.cross_mask)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
 
