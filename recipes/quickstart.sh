@@ -67,6 +67,7 @@ AVG_N=${AVG_N:-$(s 2 5)}
 SEED=${SEED:-1}
 BEAM=${BEAM:-4}
 LENPEN=${LENPEN:-0.6}
+MAX_LEN_A=1 MAX_LEN_B=50               # output limit: input length + 50 (the paper's)
 DEVICE=${DEVICE:-$(s cpu auto)}
 THREADS=${THREADS:-$(s 1 "$(nproc)")}
 # ---------------------------------------------------------------------------------------------
@@ -161,18 +162,6 @@ stage_train() {
         --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-last-updates "$AVG_N" \
         --no-epoch-checkpoints --seed "$SEED" --log-interval "$(s 10 50)" "${DEV_FLAGS[@]}"
     STAGE_OUTPUTS+=("$CKPT_DIR/checkpoint_last.pt")
-}
-
-stage_average() {
-    nmtkit average-checkpoints --inputs "$CKPT_DIR" --num-update-checkpoints "$AVG_N" --output "$AVG_CKPT"
-    STAGE_OUTPUTS+=("$AVG_CKPT")
-}
-
-stage_generate() {
-    device_flags
-    nmtkit generate "$DATA_BIN" --path "$AVG_CKPT" --gen-subset test --beam "$BEAM" --lenpen "$LENPEN" \
-        --output "$HYP" "${DEV_FLAGS[@]}"
-    STAGE_OUTPUTS+=("$HYP")
 }
 
 show_score() { cat "$SCORE_FILE"; }

@@ -123,3 +123,22 @@ check_run_settings() {  # check_run_settings DIR "name=value"...: one training r
     printf '%s\n' "$@" > "$file.tmp.$$"
     mv -f "$file.tmp.$$" "$file"
 }
+
+# --- the average and generate stages, the same in every recipe ----------------------------------
+# They read the recipe's settings: CKPT_DIR, AVG_N, AVG_CKPT; DATA_BIN, HYP, BEAM, LENPEN,
+# MAX_LEN_A, MAX_LEN_B, DEVICE (auto, cpu or cuda), THREADS.
+
+stage_average() {
+    nmtkit average-checkpoints --inputs "$CKPT_DIR" --num-update-checkpoints "$AVG_N" --output "$AVG_CKPT"
+    STAGE_OUTPUTS+=("$AVG_CKPT")
+}
+
+stage_generate() {  # the test split of DATA_BIN into HYP (parsing data: one repaired tree per line)
+    mkdir -p "$(dirname "$HYP")"
+    local gen=()
+    if [ "$DEVICE" != cuda ]; then gen+=(--threads "$THREADS"); fi  # CPU threads
+    nmtkit generate "$DATA_BIN" --path "$AVG_CKPT" --gen-subset test --beam "$BEAM" \
+        --lenpen "$LENPEN" --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" \
+        --device "$DEVICE" --output "$HYP" "${gen[@]}"
+    STAGE_OUTPUTS+=("$HYP")
+}

@@ -277,22 +277,7 @@ stage_train() {
     STAGE_OUTPUTS+=("$CKPT_DIR/checkpoint_last.pt")
 }
 
-# --- average, generate, score -------------------------------------------------------------------
-
-stage_average() {
-    nmtkit average-checkpoints --inputs "$CKPT_DIR" --num-update-checkpoints "$AVG_N" --output "$AVG_CKPT"
-    STAGE_OUTPUTS+=("$AVG_CKPT")
-}
-
-stage_generate() {
-    mkdir -p "$RESULTS"
-    local dev=$DEVICE gen=()
-    if [ "$dev" = cpu ]; then gen+=(--threads "$THREADS"); fi
-    nmtkit generate "$DATA_BIN" --path "$AVG_CKPT" --gen-subset test --beam "$BEAM" \
-        --lenpen "$LENPEN" --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" \
-        --device "$dev" --output "$HYP" "${gen[@]}"
-    STAGE_OUTPUTS+=("$HYP")
-}
+# --- score (average and generate: recipes/lib/stages.sh) -------------------------------------
 
 show_score() { cat "$SCORE_FILE"; }
 

@@ -200,22 +200,6 @@ stage_train() {
     STAGE_OUTPUTS+=("$CKPT_DIR/checkpoint_last.pt")
 }
 
-stage_average() {
-    nmtkit average-checkpoints --inputs "$CKPT_DIR" --num-update-checkpoints "$AVG_N" --output "$AVG_CKPT"
-    STAGE_OUTPUTS+=("$AVG_CKPT")
-}
-
-stage_generate() {
-    # One bracketed tree per test sentence, whatever the model outputs (repaired; docs/parsing.md).
-    mkdir -p "$RESULTS"
-    local gen=()
-    if [ "$DEVICE" = cpu ]; then gen+=(--threads "$THREADS"); fi
-    nmtkit generate "$DATA_BIN" --path "$AVG_CKPT" --gen-subset test --beam "$BEAM" \
-        --lenpen "$LENPEN" --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" \
-        --device "$DEVICE" --output "$HYP" "${gen[@]}"
-    STAGE_OUTPUTS+=("$HYP")
-}
-
 show_score() { cat "$SCORE_FILE"; }
 
 stage_score() {
