@@ -12,6 +12,29 @@ SHARED = Path(os.environ.get("NMTKIT_SHARED", REPO.parent / "shared"))
 SHARED_DATA = SHARED / "data"
 
 
+# Two trees of wsj_0001.mrg in the treebank's own layout (multi-line, unlabeled root, function
+# tags, co-indices, -NONE-, trailing spaces), and the same trees normalized as EVALB expects.
+WSJ_MRG = """
+( (S 
+    (NP-SBJ-1 (NNP Pierre) (NNP Vinken) )
+    (VP (MD will) 
+      (VP (VB join) 
+        (NP (DT the) (NN board) )
+        (S (NP-SBJ (-NONE- *-1) ) (VP (TO to) (VP (VB win) )))))
+    (. .) ))
+( (S 
+    (NP-SBJ (NNP Mr.) (NNP Vinken) )
+    (VP (VBZ is) 
+      (NP-PRD (NN chairman) ))
+    (. .) ))
+"""
+WSJ_NORM = [
+    "(TOP (S (NP (NNP Pierre) (NNP Vinken)) (VP (MD will) (VP (VB join) (NP (DT the) (NN board)) "
+    "(S (VP (TO to) (VP (VB win)))))) (. .)))",
+    "(TOP (S (NP (NNP Mr.) (NNP Vinken)) (VP (VBZ is) (NP (NN chairman))) (. .)))",
+]
+
+
 def shared_file(*parts: str) -> Path:
     """Path to a file under ../shared/data, or skip the test (with the reason) when it is absent."""
     p = SHARED_DATA.joinpath(*parts)

@@ -20,30 +20,11 @@ from nmtkit.data.preprocess import PreprocessConfig
 from nmtkit.parsing.pipeline import tree_line
 from nmtkit.parsing.treebank import normalize_tree
 from nmtkit.parsing.trees import Tree
-from tests.conftest import shared_file
+from tests.conftest import WSJ_MRG, WSJ_NORM, shared_file
 
 torch.set_num_threads(1)  # tiny models on a shared machine: one thread is faster
 
-# Two trees in .mrg layout (multi-line, unlabeled root, function tags, -NONE-).
-MRG = """
-( (S
-    (NP-SBJ-1 (NNP Pierre) (NNP Vinken) )
-    (VP (MD will)
-      (VP (VB join)
-        (NP (DT the) (NN board) )
-        (S (NP-SBJ (-NONE- *-1) ) (VP (TO to) (VP (VB win) )))))
-    (. .) ))
-( (S
-    (NP-SBJ (NNP Mr.) (NNP Vinken) )
-    (VP (VBZ is)
-      (NP-PRD (NN chairman) ))
-    (. .) ))
-"""
-NORM = [
-    "(TOP (S (NP (NNP Pierre) (NNP Vinken)) (VP (MD will) (VP (VB join) (NP (DT the) (NN board)) "
-    "(S (VP (TO to) (VP (VB win)))))) (. .)))",
-    "(TOP (S (NP (NNP Mr.) (NNP Vinken)) (VP (VBZ is) (NP (NN chairman))) (. .)))",
-]
+MRG, NORM = WSJ_MRG, WSJ_NORM
 LIN = [
     "(S (NP NNP NNP )NP (VP MD (VP VB (NP DT NN )NP (S (VP TO (VP VB )VP )VP )S )VP )VP . )S",
     "(S (NP NNP NNP )NP (VP VBZ (NP NN )NP )VP . )S",

@@ -28,27 +28,10 @@ from nmtkit.parsing.treebank import (
 )
 from nmtkit.parsing.trees import Tree
 from nmtkit.scoring.parseval import evaluate
-from tests.conftest import shared_file
+from tests.conftest import WSJ_MRG, WSJ_NORM, shared_file
 
-MRG = """
-( (S 
-    (NP-SBJ-1 (NNP Pierre) (NNP Vinken) )
-    (VP (MD will) 
-      (VP (VB join) 
-        (NP (DT the) (NN board) )
-        (S (NP-SBJ (-NONE- *-1) ) (VP (TO to) (VP (VB win) )))))
-    (. .) ))
-( (S 
-    (NP-SBJ (NNP Mr.) (NNP Vinken) )
-    (VP (VBZ is) 
-      (NP-PRD (NN chairman) ))
-    (. .) ))
-"""
-NORM1 = (
-    "(TOP (S (NP (NNP Pierre) (NNP Vinken)) (VP (MD will) (VP (VB join) (NP (DT the) (NN board)) "
-    "(S (VP (TO to) (VP (VB win)))))) (. .)))"
-)
-NORM2 = "(TOP (S (NP (NNP Mr.) (NNP Vinken)) (VP (VBZ is) (NP (NN chairman))) (. .)))"
+MRG = WSJ_MRG
+NORM1, NORM2 = WSJ_NORM
 
 
 def norm(text: str) -> str | None:
