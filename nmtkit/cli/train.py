@@ -45,7 +45,7 @@ def train_cmd(
     # device and precision
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling).", rich_help_panel=P_DEV),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the model (slow first steps, faster afterwards).", rich_help_panel=P_DEV),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA if available), cpu or cuda.", rich_help_panel=P_DEV),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA if available), cpu, cuda (this process's LOCAL_RANK under torchrun), cuda:N or mps.", rich_help_panel=P_DEV),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch [default: torch's choice].", rich_help_panel=P_DEV, show_default=False),
     seed: int = typer.Option(1, "--seed", help="Seed for initialization, dropout and batch shuffling.", rich_help_panel=P_DEV),
     # stopping

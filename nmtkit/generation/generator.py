@@ -28,11 +28,12 @@ from typing import IO, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from nmtkit.device import resolve_device  # noqa: F401 - re-exported for old imports
 from nmtkit.errors import UserError
 from nmtkit.generation.search import Hypothesis, SearchConfig, search
+from nmtkit.models.loading import PRECISIONS, LoadedModels, load_models  # noqa: F401 - re-exported
 
 FORMATS = ("plain", "fairseq")
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_WARNINGS = 20  # over-long lines named one by one; beyond that only counted
 
 
@@ -122,72 +123,6 @@ def check_search_flags(
 
 # ---------------------------------------------------------------------------------------------
 # devices and models
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' (CUDA if available, else CPU), 'cpu', 'cuda', 'cuda:N' or 'mps'; UserError if absent."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device: unknown device {name!r} (use auto, cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {name}: CUDA is not available on this machine")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
-    elif dev.type == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise UserError(f"--device {name}: MPS is not available on this machine")
-    elif dev.type != "cpu":
-        raise UserError(f"--device: unsupported device type {dev.type!r} (use auto, cpu, cuda, cuda:N or mps)")
-    return dev
-
-
-@dataclass
-class LoadedModels:
-    models: list[torch.nn.Module]
-    max_source_tokens: int  # tokens before </s> that every model accepts
-    max_target_tokens: int  # generated tokens before </s> that every model can position
-
-
-def load_models(
-    paths: list[str], src_dict, tgt_dict, device: torch.device, dtype: torch.dtype, ema: bool = False,
-    langs: tuple[str, str] | None = None,
-) -> LoadedModels:
-    """Build each checkpoint's Transformer, refusing dictionaries (or languages) that differ from the data dir's."""
-    from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
-    from nmtkit.models import ArchConfig, Transformer
-
-    expected = {"src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256}
-    if langs is not None:
-        expected["src_lang"], expected["tgt_lang"] = langs
-    models = []
-    max_src = max_tgt = math.inf
-    for p in paths:
-        state = load_checkpoint(p)
-        check_same_dictionaries(
-            state, f"--path {p}", expected, "it cannot translate with this data directory's dictionaries"
-        )
-        cfg = ArchConfig.from_dict(state["arch_config"])
-        model = Transformer(cfg, len(src_dict), len(tgt_dict), pad_idx=src_dict.pad)
-        weights = state["model"]
-        if ema:
-            if state.get("ema") is None:
-                raise UserError(f"--ema: {p} holds no EMA weights (train with EMA, or drop --ema)")
-            weights = state["ema"]
-        try:
-            model.load_state_dict(weights)
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[0]
-            raise UserError(f"--path {p}: weights do not fit its own architecture config: {first}") from None
-        del state, weights
-        model.eval().to(device=device, dtype=dtype)
-        models.append(model)
-        max_src = min(max_src, cfg.max_source_positions - 1)  # positions include </s>
-        max_tgt = min(max_tgt, cfg.max_target_positions - 1)  # positions include <s>
-    return LoadedModels(models, int(max_src), int(max_tgt))
 
 
 # ---------------------------------------------------------------------------------------------

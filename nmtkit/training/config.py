@@ -16,7 +16,6 @@ from typing import Any
 from nmtkit.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-DEVICES = ("auto", "cpu", "cuda")
 SCHEDULERS = ("noam", "inverse_sqrt")
 BEST_METRICS = ("loss", "bleu")
 
@@ -114,8 +113,6 @@ class TrainConfig:
         non_negative("clip_norm")
         if self.precision not in PRECISIONS:
             raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.device not in DEVICES:
-            raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         positive("threads", allow_none=True)
         for name in ("max_update", "max_epoch", "max_time", "validate_interval_updates", "patience",
                      "save_interval_updates", "save_interval_minutes", "keep_last_updates", "keep_last_epochs"):

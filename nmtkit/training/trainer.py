@@ -32,6 +32,7 @@ import torch
 
 from nmtkit import checkpoints as ck
 from nmtkit.data.batching import EpochBatches, collate
+from nmtkit.device import resolve_device
 from nmtkit.errors import UserError
 from nmtkit.training import distributed as D
 from nmtkit.training.config import TrainConfig
@@ -93,17 +94,6 @@ def manifest_id(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(manifest.get("files", {}), sort_keys=True).encode()).hexdigest()
 
 
-def resolve_device(name: str, info: D.DistInfo) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
-        if info.local_rank >= torch.cuda.device_count():
-            raise UserError(f"LOCAL_RANK {info.local_rank} but only {torch.cuda.device_count()} CUDA device(s)")
-        torch.cuda.set_device(info.local_rank)
-        return torch.device("cuda", info.local_rank)
-    return torch.device("cpu")
-
-
 def _is_oom(e: BaseException) -> bool:
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom_type is not None and isinstance(e, oom_type)) or "out of memory" in str(e).lower()
@@ -122,7 +112,9 @@ class Trainer:
             raise UserError(f"--warmup-updates must be >= 1 (the architecture's warmup_steps is {self.warmup})")
         self.epsilon = self.arch_cfg.label_smoothing
         self.info = D.env_dist_info()
-        self.device = resolve_device(cfg.device, self.info)
+        self.device = resolve_device(cfg.device, self.info.local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self._check_precision()
         self.save_dir = Path(cfg.save_dir)
         self._console = progress_console
@@ -194,7 +186,7 @@ class Trainer:
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def _build(self) -> None:
-        from nmtkit.models.transformer import Transformer
+        from nmtkit.models.loading import build_model
 
         cfg, info = self.cfg, self.info
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
@@ -202,7 +194,7 @@ class Trainer:
         import random
 
         random.seed(cfg.seed)
-        self.model = Transformer(self.arch_cfg, len(self.src_dict), len(self.tgt_dict)).to(self.device)
+        self.model = build_model(self.arch_cfg, self.src_dict, self.tgt_dict).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.n_params = sum(p.numel() for p in self.params)
         opt_kwargs: dict[str, Any] = dict(lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
