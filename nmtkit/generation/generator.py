@@ -11,6 +11,11 @@ Why it is shaped this way:
 - No input line is ever dropped: an empty line gives an empty output (without running the
   model), an over-long one is truncated to the model's source limit with a warning naming it.
 - The output is written atomically when it goes to a file (`nmtkit.io.output_stream`).
+- Everything between the text and the hypotheses (loading and checking the checkpoints,
+  segmentation, truncation, batching, search, detokenization) is the `Translator`'s
+  (`nmtkit.generation.translator`): the Python API and the CLI are one code path. This module
+  adds what only a command needs: binarized splits, streaming in chunks, the output formats, the
+  progress bar and the summary line.
 """
 
 from __future__ import annotations
@@ -25,16 +30,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
 
-import numpy as np
 import torch
 
 from nmtkit.device import resolve_device  # noqa: F401 - re-exported for old imports
 from nmtkit.errors import UserError
-from nmtkit.generation.search import Hypothesis, SearchConfig, search
+from nmtkit.generation.search import Hypothesis, SearchConfig, search  # noqa: F401 - re-exported
+from nmtkit.generation.translator import (  # noqa: F401 - Item ... collate_source re-exported
+    MAX_WARNINGS,
+    Item,
+    Translator,
+    Truncations,
+    collate_source,
+    default_search,
+    make_batches,
+    prepare_runtime,
+)
 from nmtkit.models.loading import PRECISIONS, LoadedModels, load_models  # noqa: F401 - re-exported
 
 FORMATS = ("plain", "fairseq")
-MAX_WARNINGS = 20  # over-long lines named one by one; beyond that only counted
 
 
 @dataclass
@@ -122,47 +135,7 @@ def check_search_flags(
 
 
 # ---------------------------------------------------------------------------------------------
-# devices and models
-
-
-# ---------------------------------------------------------------------------------------------
 # inputs
-
-
-@dataclass
-class Item:
-    """One input sentence."""
-
-    index: int  # 0-based position in the input (line number - 1)
-    ids: np.ndarray  # source dictionary ids without </s>, already truncated to the model limit
-    target_ids: np.ndarray | None = None  # reference (binarized splits only), for T- lines
-    text: str | None = None  # the raw input line (--input only): a parsing model's tree gets its words
-
-
-class Truncations:
-    """Collects the over-long inputs; names the first MAX_WARNINGS of them as they happen.
-
-    `where(index)` names input `index` (0-based) for the user, e.g. `news.en:12`.
-    """
-
-    def __init__(self, warn: Callable[[str], None], where: Callable[[int], str], what: str, limit: int):
-        self.warn, self.where, self.what, self.limit = warn, where, what, limit
-        self.count = 0
-
-    def __call__(self, index: int, ids: np.ndarray) -> np.ndarray:
-        if len(ids) <= self.limit:
-            return ids
-        self.count += 1
-        if self.count <= MAX_WARNINGS:
-            self.warn(
-                f"{self.where(index)}: {len(ids)} tokens, truncated to {self.limit} "
-                f"(the model accepts {self.limit + 1} source positions including </s>)"
-            )
-        return ids[: self.limit]
-
-    def summary(self) -> None:
-        if self.count > MAX_WARNINGS:
-            self.warn(f"{self.what}: {self.count} inputs in all were truncated ({MAX_WARNINGS} named above)")
 
 
 def split_items(data_dir: str, split: str, src_lang: str, tgt_lang: str, trunc: Truncations) -> tuple[int, Iterator[Item]]:
@@ -184,18 +157,6 @@ def split_items(data_dir: str, split: str, src_lang: str, tgt_lang: str, trunc: 
     return len(src), gen()
 
 
-def raw_items(path: str, subword, src_dict, trunc: Truncations) -> Iterator[Item]:
-    """Items of a raw text file (or stdin): subword-encoded, then mapped to dictionary ids."""
-    from nmtkit.io import read_lines
-
-    for i, line in enumerate(read_lines(path)):
-        if line.strip():
-            ids = src_dict.encode(subword.encode(line))
-        else:
-            ids = np.zeros(0, dtype=np.int64)
-        yield Item(i, trunc(i, ids), text=line)
-
-
 def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
     buf: list[Item] = []
     for it in items:
@@ -205,43 +166,6 @@ def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
             buf = []
     if buf:
         yield buf
-
-
-def make_batches(items: list[Item], max_tokens: int | None, batch_size: int | None) -> list[list[Item]]:
-    """Sort by source length (longest first) and cut into batches.
-
-    A batch holds at most `batch_size` sentences and at most `max_tokens` padded source tokens
-    (rows x longest row, </s> included); a single sentence over `max_tokens` still forms a batch
-    of its own. Empty sentences are left out: they need no model call.
-    """
-    todo = sorted((it for it in items if len(it.ids) > 0), key=lambda it: (-len(it.ids), it.index))
-    batches: list[list[Item]] = []
-    cur: list[Item] = []
-    width = 0
-    for it in todo:
-        w = max(width, len(it.ids) + 1)
-        if cur and (
-            (batch_size is not None and len(cur) + 1 > batch_size)
-            or (max_tokens is not None and w * (len(cur) + 1) > max_tokens)
-        ):
-            batches.append(cur)
-            cur, w = [], len(it.ids) + 1
-        cur.append(it)
-        width = w
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def collate_source(batch: list[Item], eos: int, pad: int) -> torch.Tensor:
-    """(B, S) long: each row `ids + [</s>]`, right-padded (docs/internals.md)."""
-    S = max(len(it.ids) for it in batch) + 1
-    out = np.full((len(batch), S), pad, dtype=np.int64)
-    for r, it in enumerate(batch):
-        n = len(it.ids)
-        out[r, :n] = it.ids
-        out[r, n] = eos
-    return torch.from_numpy(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,19 +239,6 @@ class GenerateStats:
         )
 
 
-def translate_items(models, items: list[Item], cfg: SearchConfig, device, max_tokens, batch_size, eos, pad,
-                    on_batch: Callable[[int], None] | None = None) -> dict[int, list[Hypothesis]]:
-    """Hypotheses for every non-empty item, keyed by item.index."""
-    results: dict[int, list[Hypothesis]] = {}
-    for batch in make_batches(items, max_tokens, batch_size):
-        src = collate_source(batch, eos, pad).to(device)
-        for it, hyps in zip(batch, search(models, src, cfg)):
-            results[it.index] = hyps
-        if on_batch is not None:
-            on_batch(len(batch))
-    return results
-
-
 def _progress(enabled: bool, total: int | None):
     """A rich progress bar on stderr (sentences, rate, ETA), or None."""
     if not enabled:
@@ -359,58 +270,38 @@ def _progress(enabled: bool, total: int | None):
 
 def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[str], None] | None = None) -> GenerateStats:
     """Translate `opts`' input with `opts.paths`' model(s); write to `out` (or opts.output)."""
-    from nmtkit.data.manifest import load_dictionaries, load_manifest
-    from nmtkit.data.subwords import load_subword_model
-    from nmtkit.io import output_stream
+    from nmtkit.io import output_stream, read_lines
 
     t_start = time.perf_counter()
     opts.validate()
     warn = warn or (lambda msg: print(f"nmtkit: warning: {msg}", file=sys.stderr))
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     if opts.seed is not None:
         torch.manual_seed(opts.seed)
-    device = resolve_device(opts.device)
-    dtype = PRECISIONS[opts.precision]
-    if device.type == "cpu" and dtype is torch.float16:
-        warn("--precision fp16 on CPU is emulated and slow; bf16 is the fast half precision there")
-
+    device, dtype = prepare_runtime(opts.device, opts.precision, opts.threads, warn)
     _check_output_path(opts)
-    manifest = load_manifest(opts.data_dir)
-    src_lang, tgt_lang = manifest["source_lang"], manifest["target_lang"]
-    src_dict, tgt_dict = load_dictionaries(opts.data_dir, manifest)
-    tgt_subword = load_subword_model(opts.data_dir, tgt_lang)
-    loaded = load_models(opts.paths, src_dict, tgt_dict, device, dtype, ema=opts.ema, langs=(src_lang, tgt_lang))
-
     cfg = opts.search
-    cap = loaded.max_target_tokens if cfg.max_len_cap is None else min(cfg.max_len_cap, loaded.max_target_tokens)
-    seed = cfg.seed if cfg.seed is not None else opts.seed
-    cfg = dataclasses.replace(
-        cfg, max_len_cap=cap, seed=seed, pad=tgt_dict.pad, bos=tgt_dict.bos, eos=tgt_dict.eos, unk=tgt_dict.unk
-    )
-    batch_size = opts.batch_size
-    if batch_size is None and opts.max_tokens is None:
-        batch_size = 128
+    if cfg.seed is None and opts.seed is not None:
+        cfg = dataclasses.replace(cfg, seed=opts.seed)
+    tr = Translator.open(opts.paths, opts.data_dir, device, dtype, ema=opts.ema, max_tokens=opts.max_tokens,
+                         batch_size=opts.batch_size, warn=warn, search=cfg)
+    manifest, src_dict, tgt_dict = tr.manifest, tr.src_dict, tr.tgt_dict
 
     if opts.input is not None:
         where = "<stdin>" if opts.input == "-" else opts.input
-        trunc = Truncations(warn, lambda i: f"{where}:{i + 1}", where, loaded.max_source_tokens)
-        subword = load_subword_model(opts.data_dir, src_lang)
+        trunc = tr.truncations(lambda i: f"{where}:{i + 1}", where)
+        tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
         total = None if opts.input == "-" else _count_lines(opts.input)
-        items = raw_items(opts.input, subword, src_dict, trunc)
+        items = tr.items(read_lines(opts.input), trunc)
     else:
         split = opts.gen_subset or "test"
-        trunc = Truncations(
-            warn, lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}",
-            loaded.max_source_tokens,
-        )
-        total, items = split_items(opts.data_dir, split, src_lang, tgt_lang, trunc)
+        trunc = tr.truncations(lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}")
+        total, items = split_items(opts.data_dir, split, tr.src_lang, tr.tgt_lang, trunc)
     text_of = None
     if manifest.get("task") == "parsing":  # one bracketed tree per input line (docs/parsing.md)
         from nmtkit.parsing.pipeline import tree_writer
 
         text_of = tree_writer(opts.data_dir, manifest, None if opts.input is not None else split, total,
-                              src_dict, src_lang)
+                              src_dict, tr.src_lang)
 
     stats = GenerateStats()
     progress = _progress(opts.progress and sys.stderr.isatty(), total)
@@ -425,7 +316,8 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
 
     stream = output_stream(opts.output) if out is None else contextlib.nullcontext(out)
     with stream as fh:
-        writer = Writer(fh, opts.format, opts.print_scores, cfg.nbest, src_dict, tgt_dict, tgt_subword.decode, text_of)
+        writer = Writer(fh, opts.format, opts.print_scores, tr.search.nbest, src_dict, tgt_dict,
+                        tr.tgt_subword.decode, text_of)
         if progress is not None:
             progress.start()
             task = progress.add_task("generate", total=total, rate="-")
@@ -436,9 +328,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
                 if progress is not None and empties:
                     progress.update(task, advance=empties)
                 td = time.perf_counter()
-                results = translate_items(
-                    loaded.models, chunk, cfg, device, opts.max_tokens, batch_size, src_dict.eos, src_dict.pad, on_batch
-                )
+                results = tr.translate_items(chunk, on_batch=on_batch)
                 stats.decode_seconds += time.perf_counter() - td
                 for it in chunk:
                     hyps = results.get(it.index, [])
@@ -461,9 +351,8 @@ def default_max_len_b(data_dir: str) -> int:
     """--max-len-b when not given: 50 (the paper's translation), 300 for a parsing data directory
     (section 6.3: output limit input length + 300; linearized trees are 2-4 tokens per word)."""
     from nmtkit.data.manifest import load_manifest
-    from nmtkit.parsing.pipeline import PARSING_MAX_LEN_B
 
-    return PARSING_MAX_LEN_B if load_manifest(data_dir).get("task") == "parsing" else SearchConfig.max_len_b
+    return default_search(load_manifest(data_dir)).max_len_b
 
 
 def _check_output_path(opts: GenerateOptions) -> None:

@@ -11,7 +11,9 @@ precision; the file reading itself is `nmtkit.checkpoints.load_checkpoint` (weig
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +24,17 @@ from nmtkit.models.transformer import Transformer
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def precision_dtype(precision: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of a precision name ("fp32", "bf16", "fp16"); a dtype passes through."""
+    if isinstance(precision, torch.dtype):
+        if precision not in PRECISIONS.values():
+            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision}")
+        return precision
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return PRECISIONS[precision]
+
+
 def build_model(cfg: ArchConfig, src_dict, tgt_dict) -> Transformer:
     """A freshly initialised Transformer of `cfg` sized to the two dictionaries (the padding id is theirs)."""
     return Transformer(cfg, len(src_dict), len(tgt_dict), pad_idx=src_dict.pad)
@@ -29,22 +42,41 @@ def build_model(cfg: ArchConfig, src_dict, tgt_dict) -> Transformer:
 
 @dataclass
 class LoadedModels:
+    """The models of one or several checkpoints (an ensemble), ready for inference (eval mode,
+    on their device, in their precision), with the limits that all of them accept."""
+
     models: list[torch.nn.Module]
     max_source_tokens: int  # tokens before </s> that every model accepts
     max_target_tokens: int  # generated tokens before </s> that every model can position
+    configs: list[ArchConfig] = field(default_factory=list)  # one per model, in `paths` order
+    paths: list[str] = field(default_factory=list)
 
 
 def load_models(
-    paths: list[str], src_dict, tgt_dict, device: torch.device, dtype: torch.dtype, ema: bool = False,
+    paths: str | os.PathLike | Sequence[str | os.PathLike], src_dict, tgt_dict,
+    device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32, ema: bool = False,
     langs: tuple[str, str] | None = None,
 ) -> LoadedModels:
-    """Build each checkpoint's Transformer, refusing dictionaries (or languages) that differ from the data dir's."""
+    """Build each checkpoint's Transformer, refusing dictionaries (or languages) that differ from the data dir's.
+
+    `paths`: one checkpoint or several (an ensemble); `dtype`: a torch dtype or a precision name
+    ("fp32", "bf16", "fp16"); `langs`: the data directory's (source, target) languages, which
+    tell a de->en model from an en->de one when the dictionary is joined (same file both ways).
+    Every refusal is a `UserError` of one line naming the checkpoint (as `--path P`).
+    """
     from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
 
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise UserError("--path is required (give it several times for an ensemble)")
+    dtype = precision_dtype(dtype)
+    device = torch.device(device)
     expected = {"src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256}
     if langs is not None:
         expected["src_lang"], expected["tgt_lang"] = langs
-    models = []
+    models, configs = [], []
     max_src = max_tgt = math.inf
     for p in paths:
         state = load_checkpoint(p)
@@ -66,6 +98,7 @@ def load_models(
         del state, weights
         model.eval().to(device=device, dtype=dtype)
         models.append(model)
+        configs.append(cfg)
         max_src = min(max_src, cfg.max_source_positions - 1)  # positions include </s>
         max_tgt = min(max_tgt, cfg.max_target_positions - 1)  # positions include <s>
-    return LoadedModels(models, int(max_src), int(max_tgt))
+    return LoadedModels(models, int(max_src), int(max_tgt), configs, paths)
