@@ -8,6 +8,7 @@ ensemble. The tiny data directory and random-initialised checkpoints are test_ge
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
 import subprocess
@@ -284,9 +285,9 @@ def test_defaults_are_the_clis(setup, translator):  # noqa: F811
     from nmtkit.generation.translator import Translator
 
     params = inspect.signature(Translator.load).parameters
-    opts = GenerateOptions(data_dir="d", paths=["p"])
+    cli = {f.name: f.default for f in dataclasses.fields(GenerateOptions)}
     for name in ("device", "precision", "ema", "threads", "max_tokens", "batch_size"):
-        assert params[name].default == getattr(opts, name), name
+        assert params[name].default == cli[name], name
     assert translator.search == SearchConfig(max_len_b=6)  # everything else SearchConfig's defaults
     assert translator.batch_size == 128 and translator.max_tokens is None
 
