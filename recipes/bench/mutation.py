@@ -9,7 +9,7 @@ tests/ and a pyproject.toml whose [tool.mutmut] is the repository's, narrowed to
 files and to the test files that cover it. Mutants are then run only against the tests that
 reached the mutated function (mutmut's own per-function selection), fastest first, -x.
 
-    python recipes/bench/mutation.py [--list] [--timeout SECONDS] [--workers N] [MODULE ...]
+    python recipes/bench/mutation.py [--list] [--budget SECONDS] [--workers N] [MODULE ...]
 
 Prints, per module, the number of mutants generated, killed, survived, timed out, not reached by
 any test ("no tests"), the rest (suspicious/segfault/not checked) and the score
@@ -152,7 +152,7 @@ def tally(name: str, mod: Module, wd: Path, equiv: set[str]) -> dict:
     return counts
 
 
-def run_module(name: str, mod: Module, workers: int, timeout: float | None) -> tuple[dict, float, bool]:
+def run_module(name: str, mod: Module, workers: int, timeout: float) -> tuple[dict, float, bool]:
     wd = prepare(name, mod)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("modules", nargs="*", metavar="MODULE", help="default: all; --list shows them")
     ap.add_argument("--list", action="store_true", help="list the modules and their tests, then exit")
     ap.add_argument("--workers", type=int, default=int(os.environ.get("MUTATION_WORKERS", "2")))
-    ap.add_argument("--timeout", type=float, default=float(os.environ.get("MUTATION_MODULE_TIMEOUT", "1200")),
-                    help="seconds per module before it is stopped and reported as partial (default 1200)")
+    ap.add_argument("--budget", type=float, default=float(os.environ.get("MUTATION_BUDGET", "7200")),
+                    help="seconds for the whole run (default 7200): each module may use what is left "
+                         "divided by the modules still to run, then it is stopped and reported as partial")
     args = ap.parse_args(argv)
     if args.list:
         for n, m in MODULES.items():
@@ -199,17 +200,21 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"mutation: unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}", file=sys.stderr)
         return 2
-    if args.workers < 1 or args.timeout <= 0:
-        print("mutation: --workers and --timeout must be positive", file=sys.stderr)
+    if args.workers < 1 or args.budget <= 0:
+        print("mutation: --workers and --budget must be positive", file=sys.stderr)
         return 2
     names = args.modules or list(MODULES)
     rows = []
-    for n in names:
-        print(f"[mutation] {n}: {' '.join(MODULES[n].files)} against {' '.join(MODULES[n].tests)}", flush=True)
-        counts, elapsed, partial = run_module(n, MODULES[n], args.workers, args.timeout)
+    deadline = time.monotonic() + args.budget
+    for i, n in enumerate(names):
+        # a fair share of what is left: modules that finish early leave their time to the others
+        share = max(deadline - time.monotonic(), 0.0) / (len(names) - i)
+        print(f"[mutation] {n}: {' '.join(MODULES[n].files)} against {' '.join(MODULES[n].tests)} "
+              f"(at most {share:.0f} s)", flush=True)
+        counts, elapsed, partial = run_module(n, MODULES[n], args.workers, max(share, 1.0))
         rows.append((n, counts, elapsed, partial))
         print(f"[mutation] {n}: {counts['generated']} mutants, score {counts['score']} in {elapsed:.0f} s"
-              + (" (stopped at --timeout: partial)" if partial else ""), flush=True)
+              + (" (stopped: its share of --budget ran out; partial)" if partial else ""), flush=True)
     head = f"{'module':20}" + "".join(f"{c:>11}" for c in COLUMNS) + f"{'seconds':>9}"
     print("\n" + head + "\n" + "-" * len(head))
     for n, c, el, partial in rows:

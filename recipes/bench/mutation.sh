@@ -8,7 +8,8 @@
 #
 # Environment (defaults):
 #   MUTATION_WORKERS=2           mutants tested at once (one CPU core each)
-#   MUTATION_MODULE_TIMEOUT=1200 seconds per module; a module stopped there is reported as partial
+#   MUTATION_BUDGET=7200         seconds for the whole run; each module gets what is left divided by
+#                                the modules still to run, and one stopped there is reported partial
 #   NICE=0                       niceness of the run (use 15 on a shared machine)
 # Work folders: .mutation/MODULE/ (mutmut's state; `cd .mutation/MODULE && mutmut show NAME`
 # prints a mutant's diff). Each run starts them afresh.
