@@ -77,3 +77,39 @@ def test_custom_backward_passes_gradcheck():
     t = torch.tensor([1, 2, 0, 6, 3, 0])  # two padded positions
     assert torch.autograd.gradcheck(lambda x: _LabelSmoothedCE.apply(x, t, 0.1, 0)[0], (z,))
     assert torch.autograd.gradcheck(lambda x: _LabelSmoothedCE.apply(x, t, 0.0, 0)[0], (z,))
+
+
+def test_unsmoothed_loss_is_finite_where_a_token_has_zero_probability():
+    # eps = 0 must be exactly the nll: a -inf logit (probability 0) on a non-gold token gives
+    # smooth_t = +inf, and 0 * inf would be NaN if the smoothing term were computed at all.
+    # p = (0, 0.25, 0.75): gold 2 -> nll = -ln 0.75 = 0.2876820724517809
+    z = torch.tensor([[[-math.inf, math.log(0.25), math.log(0.75)]]], requires_grad=True)
+    loss, nll, n = label_smoothed_cross_entropy(z, torch.tensor([[2]]), 0.0)
+    assert n == 1
+    assert loss.item() == pytest.approx(0.2876820724517809, abs=1e-6) and nll.item() == loss.item()
+    (g,) = torch.autograd.grad(loss, z)
+    # d loss / d z = softmax(z) - onehot(gold) = (0, 0.25, -0.25)
+    assert torch.allclose(g, torch.tensor([[[0.0, 0.25, -0.25]]]), atol=1e-6)
+
+
+def test_a_nonzero_pad_index():
+    # pad index 2 (not 0) ignores those positions, and token 0 is an ordinary gold token. p = (0.1, 0.2, 0.3, 0.4), eps = 0.1, V = 4:
+    #   gold 0: -(0.1/3 * (ln .2 + ln .3 + ln .4) + 0.9 ln .1) = 2.1966499653157805, nll = -ln .1
+    logits = logits_for([0.1, 0.2, 0.3, 0.4]).expand(1, 2, 4)  # float64
+    loss, nll, n = label_smoothed_cross_entropy(logits, torch.tensor([[0, 2]]), 0.1, ignore_index=2)
+    assert n == 1
+    assert loss.item() == pytest.approx(2.1966499653157805, abs=1e-6)
+    assert nll.item() == pytest.approx(-math.log(0.1), abs=1e-6)
+
+
+def test_reporting_units_by_hand():
+    # bits per token: sum / ntokens / ln 2; a single token, and no token at all (no division by 0)
+    assert bits_per_token(math.log(2), 1) == pytest.approx(1.0)
+    assert bits_per_token(3 * math.log(8), 3) == pytest.approx(3.0)
+    assert bits_per_token(0.0, 0) == 0.0
+    assert bits_per_token(math.log(2), 0) == pytest.approx(1.0)
+    assert perplexity(3.0) == pytest.approx(8.0)
+    assert perplexity(0.5) == pytest.approx(math.sqrt(2))
+    # the documented cap: 2 ** bits below 1000 bits, inf from 1000 on (2.0 ** 1024 would raise)
+    assert perplexity(999.0) == 2.0**999
+    assert perplexity(1000.0) == math.inf and perplexity(1000.5) == math.inf

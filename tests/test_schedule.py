@@ -54,3 +54,29 @@ def test_rejects_bad_settings():
         Schedule("inverse_sqrt", warmup=0)
     with pytest.raises(ValueError, match="unknown"):
         Schedule("cosine", warmup=10)
+
+
+def test_warmup_of_one_update_is_allowed():
+    # warmup 1 is the smallest valid setting: noam starts at its peak d^-0.5 and decays as u^-0.5
+    s = Schedule("noam", warmup=1, d_model=64)
+    assert s.lr(1) == pytest.approx(0.125, rel=1e-12)  # 64^-0.5
+    assert s.lr(4) == pytest.approx(0.0625, rel=1e-12)  # 64^-0.5 * 4^-0.5
+    i = Schedule("inverse_sqrt", warmup=1, peak_lr=1e-3)
+    assert i.lr(1) == pytest.approx(1e-3) and i.lr(4) == pytest.approx(5e-4)
+
+
+def test_inverse_sqrt_on_both_sides_of_the_warmup_edge():
+    # warmup 100, peak 1e-3, from 1e-4: u=99 -> 1e-4 + 9e-4 * 0.99 = 9.91e-4; u=100 -> 1e-3;
+    # u=101 -> 1e-3 * sqrt(100/101) = 9.950371902099892e-04; u=0 is treated as u=1 -> 1.09e-4
+    s = Schedule("inverse_sqrt", warmup=100, peak_lr=1e-3, warmup_init_lr=1e-4)
+    assert s.lr(99) == pytest.approx(9.91e-4, rel=1e-12)
+    assert s.lr(100) == pytest.approx(1e-3, rel=1e-12)
+    assert s.lr(101) == pytest.approx(9.950371902099892e-04, rel=1e-12)
+    assert s.lr(0) == s.lr(1) == pytest.approx(1.09e-4, rel=1e-12)
+
+
+def test_state_dict_names_every_setting_and_round_trips():
+    s = Schedule("inverse_sqrt", warmup=7, d_model=256, lr_scale=3.0, peak_lr=2e-3, warmup_init_lr=1e-5)
+    assert s.state_dict() == {"name": "inverse_sqrt", "warmup": 7, "d_model": 256, "lr_scale": 3.0,
+                              "peak_lr": 2e-3, "warmup_init_lr": 1e-5}
+    assert Schedule(**s.state_dict()) == s
