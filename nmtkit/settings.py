@@ -76,7 +76,7 @@ def setting(default: Any = MISSING, *, default_factory: Any = MISSING, flag: str
     """A dataclass field with its command-line flag (see the module docstring)."""
     meta = Flag(flag=flag, help=help, panel=panel, aliases=tuple(aliases), off_flag=off_flag, parse=parse,
                 cli_type=cli_type, cli_default=None if unset else cli_default, unset=unset,
-                show_default=show_default and not unset, argument=argument)
+                show_default=show_default, argument=argument)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={SETTING: meta})
 
 
