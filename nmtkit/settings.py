@@ -67,16 +67,18 @@ class Flag:
     unset: bool = False  # default None = "not given" (see the module docstring)
     show_default: bool = True
     argument: bool = False  # positional argument instead of an option
+    metavar: str | None = None  # the value's name in --help (default: its type, e.g. <int>)
 
 
 def setting(default: Any = MISSING, *, default_factory: Any = MISSING, flag: str, help: str,
             panel: str | None = None, aliases: tuple[str, ...] = (), off_flag: str | None = None,
             parse: Callable[[Any], Any] | None = None, cli_type: Any = None, cli_default: Any = SAME,
-            unset: bool = False, show_default: bool = True, argument: bool = False) -> Any:
+            unset: bool = False, show_default: bool = True, argument: bool = False,
+            metavar: str | None = None) -> Any:
     """A dataclass field with its command-line flag (see the module docstring)."""
     meta = Flag(flag=flag, help=help, panel=panel, aliases=tuple(aliases), off_flag=off_flag, parse=parse,
                 cli_type=cli_type, cli_default=None if unset else cli_default, unset=unset,
-                show_default=show_default, argument=argument)
+                show_default=show_default, argument=argument, metavar=metavar)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={SETTING: meta})
 
 

@@ -65,4 +65,4 @@ def _typer_param(ff: FlagField) -> Any:
         return typer.Argument(ff.cli_default(), help=f.help, show_default=f.show_default)
     decls = [f"{f.flag}/{f.off_flag}" if f.off_flag else f.flag, *f.aliases]
     return typer.Option(ff.cli_default(), *decls, help=f.help, rich_help_panel=f.panel,
-                        show_default=f.show_default)
+                        show_default=f.show_default, metavar=f.metavar)
