@@ -103,12 +103,6 @@ class FlagField:
     def name(self) -> str:
         return self.path[-1]
 
-    @property
-    def required(self) -> bool:
-        """No default at all: the flag must be given (unless `unset`: from_flags decides)."""
-        return (not self.flag.unset and self.field.default is MISSING
-                and self.field.default_factory is MISSING)
-
     def field_default(self) -> Any:
         if self.field.default is not MISSING:
             return self.field.default
