@@ -14,15 +14,8 @@ from rich.console import Console
 from nmtkit.cli.app import app, state
 from nmtkit.errors import UserError
 
-# Each subcommand module registers its command on `app` when imported.
-# (Add one line per subcommand; keep the list in the order of the pipeline.)
-from nmtkit.cli import preprocess  # noqa: F401,E402
-from nmtkit.cli import archs  # noqa: F401,E402
-from nmtkit.cli import train  # noqa: F401,E402
-from nmtkit.cli import average_checkpoints  # noqa: F401,E402
-from nmtkit.cli import generate  # noqa: F401,E402
-from nmtkit.cli import plot  # noqa: F401,E402
-from nmtkit.cli import score  # noqa: F401,E402
+# Each subcommand module registers its command on `app` when imported; `app` imports a module
+# when its command is used (add a subcommand to nmtkit.cli.app.COMMANDS).
 
 # typer >= 0.20 vendors click as typer._click; older typer uses click itself.
 try:

@@ -1,17 +1,69 @@
 """The typer application object that every subcommand module registers itself on.
 
 Kept apart from `nmtkit.cli.__init__` so that subcommand modules can import `app` without a cycle.
+
+Subcommand modules are imported only when their command is used (`COMMANDS`, `_LazyGroup`): a
+command's flags come from its config dataclass, and `generate`'s lives in a module that imports
+torch (about a second), which `nmtkit score` or `nmtkit --version` should not pay.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import os
 
 import typer
+import typer.main
+from typer.core import TyperGroup
 
 from nmtkit import __version__
 
+try:  # typer >= 0.20 vendors click as typer._click
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import UsageError
+
+# Every subcommand and the module that registers it, in the order of the pipeline (`nmtkit --help`).
+COMMANDS = {
+    "preprocess": "nmtkit.cli.preprocess",
+    "archs": "nmtkit.cli.archs",
+    "train": "nmtkit.cli.train",
+    "average-checkpoints": "nmtkit.cli.average_checkpoints",
+    "generate": "nmtkit.cli.generate",
+    "plot": "nmtkit.cli.plot",
+    "score": "nmtkit.cli.score",
+}
+
+
+class _LazyGroup(TyperGroup):
+    """The `nmtkit` group: builds a subcommand (importing its module) when it is first asked for."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS) + [n for n in self.commands if n not in COMMANDS]
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(COMMANDS[cmd_name])
+            info = next(c for c in app.registered_commands if c.name == cmd_name)
+            self.commands[cmd_name] = typer.main.get_command_from_info(
+                info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode
+            )
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except UsageError as e:  # typer suggests among the commands built so far: all of them here
+            if args and "Did you mean" not in e.message:
+                matches = difflib.get_close_matches(args[0], self.list_commands(ctx))
+                if matches:
+                    e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(map(repr, matches))}?"
+            raise
+
+
 app = typer.Typer(
+    cls=_LazyGroup,
     name="nmtkit",
     help="Train and use Transformer encoder-decoder models (Vaswani et al., 2017).",
     add_completion=False,

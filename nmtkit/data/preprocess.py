@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -61,6 +62,7 @@ from nmtkit.data.subwords import load_subword_model  # noqa: F401
 from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, iter_line_chunks, scan_text_file
 from nmtkit.errors import UserError
 from nmtkit.io import resolve_text_path
+from nmtkit.settings import setting, split_prefixes
 
 __all__ = [
     "PreprocessConfig", "PreprocessResult", "preprocess", "clean_mask",
@@ -78,31 +80,41 @@ SPM_CHILD_MIN_LINES = 200_000  # learn sentencepiece in a child process above th
 
 @dataclass
 class PreprocessConfig:
-    """Everything `nmtkit preprocess` needs; field names follow the flags (docs/preprocess.md)."""
+    """The pipeline's settings; each field with `setting(...)` is an `nmtkit preprocess` flag, with
+    its default and help text (docs/preprocess.md). The flags that select the task and the treebank
+    are PreprocessJob's (nmtkit.data.preprocess_job)."""
 
-    source_lang: str
-    target_lang: str
-    trainpref: str
-    destdir: str
-    validpref: list[str] = field(default_factory=list)  # several -> splits valid, valid1, ...
-    testpref: list[str] = field(default_factory=list)  # several -> splits test, test1, ...
-    bpe: str = "sentencepiece"
-    vocab_size: int = 8000  # sentencepiece
-    bpe_merges: int = 10000  # subword-nmt
-    joint_bpe: bool = True
-    spm_max_lines: int = 1_000_000  # lines sentencepiece learns from (reproducible sample)
-    joined_dictionary: bool = False
-    nwordssrc: int = -1
-    nwordstgt: int = -1
-    thresholdsrc: int = 0
-    thresholdtgt: int = 0
-    pad_to_multiple: int = 8
-    max_len: int = 250  # cleaning of train only, in subword tokens; 0 = no limit
-    min_len: int = 1
-    ratio: float = 9.0  # 0 = no ratio check
-    workers: int = 1
-    shard_size: int = 1_000_000  # sentences per shard
-    force: bool = False
+    # The languages and trainpref are required for translation; `nmtkit preprocess --task
+    # parsing` sets them itself (nmtkit.data.preprocess_job.PreprocessJob.from_flags).
+    source_lang: str = setting(flag="--source-lang", aliases=("-s",), unset=True, help="Source language suffix, e.g. de (required for translation).")
+    target_lang: str = setting(flag="--target-lang", aliases=("-t",), unset=True, help="Target language suffix, e.g. en (required for translation).")
+    trainpref: str = setting(flag="--trainpref", unset=True, help="Training files prefix P: reads P.SRC and P.TGT (or .gz); --task parsing: a treebank P, P.trees or P.mrg (or .gz, or a folder).")
+    destdir: str = setting(flag="--destdir", help="Output directory (created; replaced only with --force).")
+    # several -> splits valid, valid1, ...
+    validpref: list[str] = setting(default_factory=list, flag="--validpref", cli_type=Optional[str], cli_default=None, parse=split_prefixes("--validpref"), help="Validation prefix(es), comma-separated: splits valid, valid1, ...")
+    # several -> splits test, test1, ...
+    testpref: list[str] = setting(default_factory=list, flag="--testpref", cli_type=Optional[str], cli_default=None, parse=split_prefixes("--testpref"), help="Test prefix(es), comma-separated: splits test, test1, ...")
+    bpe: str = setting("sentencepiece", flag="--bpe", help="Subword model learned on the training text: sentencepiece, subword-nmt or none.")
+    vocab_size: int = setting(8000, flag="--vocab-size", unset=True, help="sentencepiece vocabulary size [default: 8000].")
+    bpe_merges: int = setting(10000, flag="--bpe-merges", unset=True, help="subword-nmt merge operations [default: 10000].")
+    joint_bpe: bool = setting(True, flag="--joint-bpe", off_flag="--separate-bpe", help="One subword model for both languages, or one per language.")
+    # lines sentencepiece learns from (reproducible sample)
+    spm_max_lines: int = setting(1_000_000, flag="--spm-max-lines", help="Lines sentencepiece learns from (a reproducible sample when the training text has more); 0 = all.")
+    joined_dictionary: bool = setting(False, flag="--joined-dictionary", help="One dictionary shared by both languages (needed to share embeddings).")
+    nwordssrc: int = setting(-1, flag="--nwordssrc", help="Largest source (or joined) dictionary, specials included; -1 = no limit.")
+    nwordstgt: int = setting(-1, flag="--nwordstgt", help="Largest target dictionary, specials included; -1 = no limit.")
+    thresholdsrc: int = setting(0, flag="--thresholdsrc", help="Source (or joined) tokens seen fewer times become <unk>.")
+    thresholdtgt: int = setting(0, flag="--thresholdtgt", help="Target tokens seen fewer times become <unk>.")
+    pad_to_multiple: int = setting(8, flag="--pad-to-multiple", help="Pad dictionary sizes to a multiple of this (madeupwordNNNN entries).")
+    # cleaning of train only, in subword tokens; 0 = no limit (--task parsing: 0 unless given)
+    max_len: int = setting(250, flag="--max-len", unset=True, show_default=False, help="Train cleaning: drop pairs with a side longer than this many subword tokens; 0 = no limit [default: 250; 0 with --task parsing].")
+    min_len: int = setting(1, flag="--min-len", help="Train cleaning: drop pairs with a side shorter than this many subword tokens.")
+    # 0 = no ratio check (--task parsing: 0 unless given)
+    ratio: float = setting(9.0, flag="--ratio", unset=True, show_default=False, help="Train cleaning: drop pairs whose length ratio exceeds this; 0 = no check [default: 9.0; 0 with --task parsing].")
+    workers: int = setting(1, flag="--workers", help="Encoding processes (output is identical for any number).")
+    # sentences per shard
+    shard_size: int = setting(1_000_000, flag="--shard-size", help="Sentences per shard file.")
+    force: bool = setting(False, flag="--force", help="Replace a DESTDIR that holds something else (only once the new data is complete).")
     # Library-only settings (no flags of their own; `--task parsing` uses them, see
     # nmtkit/parsing/pipeline.py):
     target_bpe: str | None = None  # "none": the target side is taken as whitespace tokens, no subword model

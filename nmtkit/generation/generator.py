@@ -46,34 +46,53 @@ from nmtkit.generation.translator import (  # noqa: F401 - Item ... collate_sour
     prepare_runtime,
 )
 from nmtkit.models.loading import PRECISIONS, LoadedModels, load_models  # noqa: F401 - re-exported
+from nmtkit.settings import construct, group, negate, setting
 
 FORMATS = ("plain", "fairseq")
 
 
 @dataclass
 class GenerateOptions:
-    """Everything `nmtkit generate` needs; field names follow the flags (docs/generate.md)."""
+    """Everything `nmtkit generate` needs; each field with `setting(...)` is one of its flags,
+    with its default and help text (docs/generate.md); `search` contributes SearchConfig's."""
 
-    data_dir: str
-    paths: list[str]
-    gen_subset: str | None = None  # default "test" when no --input
-    input: str | None = None  # raw text file, or "-" for stdin
-    output: str | None = None  # None or "-" = stdout
-    format: str = "plain"
-    print_scores: bool = False
-    search: SearchConfig = field(default_factory=SearchConfig)
-    max_tokens: int | None = None
-    batch_size: int | None = None
-    buffer_size: int = 10000
-    device: str = "auto"
-    precision: str = "fp32"
-    threads: int = 0  # 0 = torch's default
-    seed: int | None = None
-    ema: bool = False
-    progress: bool = True
+    data_dir: str = setting(flag="data_dir", argument=True, help="Preprocessed data directory (dictionaries, subword model, splits).")
+    paths: list[str] = setting(flag="--path", parse=list, help="Checkpoint; give it several times for an ensemble.")
+    # default "test" when no --input
+    gen_subset: str | None = setting(None, flag="--gen-subset", help="Binarized split to translate [default: test].")
+    # raw text file, or "-" for stdin
+    input: str | None = setting(None, flag="--input", aliases=("-i",), help="Raw text to translate, one sentence per line (FILE, FILE.gz or - for stdin); segmented with the data dir's subword model.")
+    # None or "-" = stdout
+    output: str | None = setting(None, flag="--output", aliases=("-o",), help="Write here (atomically) instead of stdout.")
+    format: str = setting("plain", flag="--format", help="plain: one detokenized hypothesis per line; fairseq: S-/T-/H-/D-/P- lines.")
+    print_scores: bool = setting(False, flag="--print-scores", help="plain format: prefix each line with its score and a tab.")
+    search: SearchConfig = group(SearchConfig)
+    max_tokens: int | None = setting(None, flag="--max-tokens", help="Batch limit in padded source tokens.")
+    batch_size: int | None = setting(None, flag="--batch-size", help="Batch limit in sentences [default: 128 unless --max-tokens].")
+    buffer_size: int = setting(10000, flag="--buffer-size", help="Sentences read, sorted and translated at a time (1 for interactive use).")
+    device: str = setting("auto", flag="--device", help="auto, cpu, cuda, cuda:N or mps.")
+    precision: str = setting("fp32", flag="--precision", help="fp32, bf16 or fp16 (weights and activations; scores in fp32).")
+    threads: int = setting(0, flag="--threads", help="CPU threads for torch (0 = torch's default).")
+    seed: int | None = setting(None, flag="--seed", help="Random seed (sampling).")
+    ema: bool = setting(False, flag="--ema", help="Use the checkpoints' EMA weights instead of the raw weights.")
+    # progress bar and the summary line on stderr
+    progress: bool = setting(True, flag="--quiet", aliases=("-q",), cli_type=bool, cli_default=False, parse=negate, help="No progress bar and no summary line on stderr.")
+
+    @classmethod
+    def from_flags(cls, values: dict) -> "GenerateOptions":
+        """The options from `nmtkit generate`'s flags: a --max-len-b not given depends on the
+        data directory (50, or 300 for a parsing data directory: `default_max_len_b`)."""
+        search = dict(values["search"])
+        if search["max_len_b"] is None:
+            search["max_len_b"] = default_max_len_b(values["data_dir"])
+        return construct(cls, {**values, "search": search})
 
     def validate(self) -> None:
-        """UserError naming the flag for every impossible setting."""
+        """UserError naming the flag for every impossible setting (the search's own are
+        SearchConfig's, checked when it is made)."""
+        s = self.search
+        if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
+            raise UserError("--topk, --topp and --temperature apply only with --sampling")
         if not self.paths:
             raise UserError("--path is required (give it several times for an ensemble)")
         if self.format not in FORMATS:
@@ -89,49 +108,6 @@ class GenerateOptions:
             raise UserError(f"--buffer-size must be >= 1, got {self.buffer_size}")
         if self.threads < 0:
             raise UserError(f"--threads must be >= 0 (0 = torch's default), got {self.threads}")
-
-
-def check_search_flags(
-    *,
-    beam: int,
-    nbest: int,
-    lenpen_form: str,
-    early_stop: str,
-    max_len_a: float,
-    max_len_b: int,
-    min_len: int,
-    no_repeat_ngram_size: int,
-    sampling: bool,
-    topk: int,
-    topp: float,
-    temperature: float,
-) -> None:
-    """The search's own checks (SearchConfig raises ValueError), as UserErrors naming flags."""
-    if beam < 1:
-        raise UserError(f"--beam must be >= 1, got {beam}")
-    if nbest < 1:
-        raise UserError(f"--nbest must be >= 1, got {nbest}")
-    if nbest > beam:
-        what = "samples (--beam) drawn with --sampling" if sampling else "--beam"
-        raise UserError(f"--nbest {nbest} exceeds the {what} {beam}; raise --beam")
-    if lenpen_form not in ("gnmt", "fairseq"):
-        raise UserError(f"--lenpen-form must be gnmt or fairseq, got {lenpen_form!r}")
-    if early_stop not in ("bound", "beam", "none"):
-        raise UserError(f"--early-stop must be bound, beam or none, got {early_stop!r}")
-    if max_len_a < 0 or max_len_b < 0:
-        raise UserError(f"--max-len-a and --max-len-b must be >= 0, got {max_len_a} and {max_len_b}")
-    if min_len < 0:
-        raise UserError(f"--min-len must be >= 0, got {min_len}")
-    if no_repeat_ngram_size < 0:
-        raise UserError(f"--no-repeat-ngram-size must be >= 0, got {no_repeat_ngram_size}")
-    if topk < 0:
-        raise UserError(f"--topk must be >= 0 (0 = off), got {topk}")
-    if not 0.0 <= topp <= 1.0:
-        raise UserError(f"--topp must be in [0, 1] (0 = off), got {topp}")
-    if temperature <= 0:
-        raise UserError(f"--temperature must be > 0, got {temperature}")
-    if not sampling and (topk or topp or temperature != 1.0):
-        raise UserError("--topk, --topp and --temperature apply only with --sampling")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from typing import Any, Sequence
 
 import torch
 
+from nmtkit.settings import SettingError, setting
+
 # docs/internals.md: Dictionary reserves these ids in this order.
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
@@ -41,27 +43,30 @@ EARLY_STOP = ("bound", "beam", "none")
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """Every knob of the search; the CLI flags map one-to-one onto these fields."""
+    """Every knob of the search; the fields with `setting(...)` are `nmtkit generate`'s flags."""
 
-    beam: int = 4
-    lenpen: float = 0.6
-    lenpen_form: str = "gnmt"  # "gnmt": ((5+|Y|)/6)^alpha (t2t, the paper); "fairseq": |Y|^alpha
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    min_len: int = 0
-    no_repeat_ngram_size: int = 0
-    unk_penalty: float = 0.0
-    nbest: int = 1
+    beam: int = setting(4, flag="--beam", help="Beam size; 1 = greedy search; with --sampling the number of samples.")
+    lenpen: float = setting(0.6, flag="--lenpen", help="Length penalty exponent alpha (0 = none).")
+    # "gnmt": ((5+|Y|)/6)^alpha (t2t, the paper); "fairseq": |Y|^alpha
+    lenpen_form: str = setting("gnmt", flag="--lenpen-form", help="gnmt: ((5+|Y|)/6)^alpha (paper, tensor2tensor); fairseq: |Y|^alpha.")
+    max_len_a: float = setting(1.0, flag="--max-len-a", help="Output limit a*src_len+b tokens (before </s>): a.")
+    # not given on the command line: GenerateOptions.from_flags decides (300 for a parsing data dir)
+    max_len_b: int = setting(50, flag="--max-len-b", unset=True, show_default=False, help="Output limit a*src_len+b tokens (before </s>): b [default: 50; 300 for a parsing data dir].")
+    min_len: int = setting(0, flag="--min-len", help="Minimum output tokens before </s>.")
+    no_repeat_ngram_size: int = setting(0, flag="--no-repeat-ngram-size", help="Never repeat an n-gram of this size in a hypothesis (0 = off).")
+    unk_penalty: float = setting(0.0, flag="--unk-penalty", help="Subtracted from the log-prob of <unk> (negative: a reward).")
+    nbest: int = setting(1, flag="--nbest", help="Hypotheses to output per sentence (<= --beam).")
     # When a sentence's beam search stops (docs/generate.md): "bound" (exact: no live hypothesis
     # can still beat the nbest finished ones; tensor2tensor's rule, per sentence), "beam"
     # (fairseq's: `beam` finished hypotheses, admitting only </s> extensions that rank among
     # the step's `beam` best candidates) or "none" (decode to the output limit).
-    early_stop: str = "bound"
+    early_stop: str = setting("bound", flag="--early-stop", help="When a sentence stops: bound (exact: no live hypothesis can still win; tensor2tensor), beam (fairseq: once --beam hypotheses finished; faster, not exact) or none (at the output limit).")
     # Sampling (a bonus): `beam` independent samples per sentence instead of a beam.
-    sampling: bool = False
-    topk: int = 0  # 0 = no top-k restriction
-    topp: float = 0.0  # 0 = no nucleus restriction
-    temperature: float = 1.0
+    sampling: bool = setting(False, flag="--sampling", help="Sample instead of searching (--beam samples per sentence).")
+    topk: int = setting(0, flag="--topk", help="Sampling: only from the k most likely tokens (0 = off).")
+    topp: float = setting(0.0, flag="--topp", help="Sampling: only from the smallest set with probability >= p (0 = off).")
+    temperature: float = setting(1.0, flag="--temperature", help="Sampling: divide log-probs by this before sampling.")
+    # Library-only fields (no flags of their own): `generate` sets them (seed from --seed).
     seed: int | None = None
     # Hard cap on generated tokens before </s> (the model's target position limit).
     max_len_cap: int | None = None
@@ -71,21 +76,31 @@ class SearchConfig:
     unk: int = UNK
 
     def __post_init__(self) -> None:
-        # Library-level checks; the CLI turns the same conditions into UserErrors naming flags.
+        """Refuse an impossible search with a SettingError (a UserError naming the flag, and the
+        ValueError library callers catch)."""
         if self.beam < 1:
-            raise ValueError(f"beam must be >= 1, got {self.beam}")
-        if not 1 <= self.nbest <= self.beam:
-            raise ValueError(f"nbest must be between 1 and beam ({self.beam}), got {self.nbest}")
+            raise SettingError(f"--beam must be >= 1, got {self.beam}")
+        if self.nbest < 1:
+            raise SettingError(f"--nbest must be >= 1, got {self.nbest}")
+        if self.nbest > self.beam:
+            what = "samples (--beam) drawn with --sampling" if self.sampling else "--beam"
+            raise SettingError(f"--nbest {self.nbest} exceeds the {what} {self.beam}; raise --beam")
         if self.lenpen_form not in LENPEN_FORMS:
-            raise ValueError(f"lenpen_form must be one of {LENPEN_FORMS}, got {self.lenpen_form!r}")
+            raise SettingError(f"--lenpen-form must be gnmt or fairseq, got {self.lenpen_form!r}")
         if self.early_stop not in EARLY_STOP:
-            raise ValueError(f"early_stop must be one of {EARLY_STOP}, got {self.early_stop!r}")
-        if self.min_len < 0 or self.no_repeat_ngram_size < 0 or self.topk < 0:
-            raise ValueError("min_len, no_repeat_ngram_size and topk must be >= 0")
+            raise SettingError(f"--early-stop must be bound, beam or none, got {self.early_stop!r}")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise SettingError(f"--max-len-a and --max-len-b must be >= 0, got {self.max_len_a} and {self.max_len_b}")
+        if self.min_len < 0:
+            raise SettingError(f"--min-len must be >= 0, got {self.min_len}")
+        if self.no_repeat_ngram_size < 0:
+            raise SettingError(f"--no-repeat-ngram-size must be >= 0, got {self.no_repeat_ngram_size}")
+        if self.topk < 0:
+            raise SettingError(f"--topk must be >= 0 (0 = off), got {self.topk}")
         if not 0.0 <= self.topp <= 1.0:
-            raise ValueError(f"topp must be in [0, 1], got {self.topp}")
+            raise SettingError(f"--topp must be in [0, 1] (0 = off), got {self.topp}")
         if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+            raise SettingError(f"--temperature must be > 0, got {self.temperature}")
 
 
 @dataclass

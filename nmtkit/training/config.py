@@ -3,6 +3,9 @@
 Why a dataclass of plain values: the same object drives the CLI, the tests and DDP workers, it
 is stored in checkpoints as a plain dict (`train_args`), and `validate()` refuses an impossible
 combination with a message naming the flag before any data is read or any model is built.
+Each field also carries its flag, help text and help panel (`nmtkit.settings.setting`): `nmtkit
+train` is generated from the dataclass (`nmtkit.cli.options.with_settings`), so a default is
+written once, here.
 """
 
 from __future__ import annotations
@@ -11,70 +14,128 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping, Optional
 
 from nmtkit.errors import UserError
+from nmtkit.settings import negate, none_if_zero, setting, to_str
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULERS = ("noam", "inverse_sqrt")
 BEST_METRICS = ("loss", "bleu")
 
 
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(text: str, flag_name: str = "--max-time") -> float:
+    """Seconds from '3600', '90s', '45m', '12h', '2d' or 'H:MM[:SS]'; UserError otherwise."""
+    t = str(text).strip()
+    if ":" in t:
+        parts = t.split(":")
+        if len(parts) in (2, 3) and all(p.isdigit() for p in parts):
+            nums = [int(p) for p in parts] + ([0] if len(parts) == 2 else [])
+            return float(nums[0] * 3600 + nums[1] * 60 + nums[2])
+    else:
+        m = _DURATION.match(t)
+        if m:
+            scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+            return float(m.group(1)) * scale
+    raise UserError(f"{flag_name} expects a duration like 3600, 90m, 12h, 2d or 1:30:00, got {text!r}")
+
+
+def parse_betas(text: str) -> tuple[float, float]:
+    """'0.9,0.98' or '(0.9, 0.98)' -> (0.9, 0.98); UserError otherwise."""
+    t = str(text).strip().strip("()[]")
+    try:
+        parts = [float(x) for x in t.replace(" ", "").split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) != 2:
+        raise UserError(f"--adam-betas expects two numbers like 0.9,0.98, got {text!r}")
+    return parts[0], parts[1]
+
+
+def parse_max_time(text: str | None) -> float:
+    """--max-time: None (not given) = 0.0, no limit; else seconds (see parse_duration)."""
+    return parse_duration(text) if text else 0.0
+
+
+
+# Help panels of `nmtkit train --help`.
+P_DATA = "Data and batching"
+P_OPT = "Optimization"
+P_DEV = "Device and precision"
+P_STOP = "Stopping"
+P_VALID = "Validation"
+P_CKPT = "Checkpoints"
+P_LOG = "Logging and robustness"
+
+
 @dataclass
 class TrainConfig:
-    """Training settings; field names are the flags without `--` (docs/train.md has them all)."""
+    """Training settings: each field's flag, default and help text are here (docs/train.md)."""
 
-    data_dir: str
-    save_dir: str
-    arch: str = "transformer_base"
-    arch_overrides: dict[str, Any] = field(default_factory=dict)  # ArchConfig fields the user set
+    data_dir: str = setting(flag="data_dir", argument=True, cli_type=Path, parse=to_str,
+                            help="A data directory written by 'nmtkit preprocess'.")
+    save_dir: str = setting(flag="--save-dir", cli_type=Path, parse=to_str, help="Checkpoints and train_log.jsonl go here; if it holds checkpoint_last.pt, training resumes from it.")
+    arch: str = setting("transformer_base", flag="--arch", help="Named architecture (see 'nmtkit archs'); the flags in the Architecture panel override its fields.")
+    # ArchConfig fields the user set: the train command's Architecture flags (nmtkit.cli.arch_options)
+    arch_overrides: dict[str, Any] = field(default_factory=dict)
     # data
-    max_tokens: int | None = 4096
-    batch_size: int | None = None
-    update_freq: int = 1
-    train_subset: str = "train"
-    valid_subset: str = "valid"
+    max_tokens: int | None = setting(4096, flag="--max-tokens", parse=none_if_zero, panel=P_DATA, help="Token budget per batch and process: sentences x longest side (+1), padding included.")
+    batch_size: int | None = setting(None, flag="--batch-size", panel=P_DATA, show_default=False, help="At most this many sentence pairs per batch.")
+    update_freq: int = setting(1, flag="--update-freq", panel=P_DATA, help="Accumulate gradients over K batches per update (per process).")
+    train_subset: str = setting("train", flag="--train-subset", panel=P_DATA, help="Split of DATA_DIR to train on.")
+    valid_subset: str = setting("valid", flag="--valid-subset", panel=P_DATA, help="Split of DATA_DIR to validate on.")
     # optimization
-    lr_scheduler: str = "noam"
-    lr_scale: float = 1.0
-    lr: float = 5e-4
-    warmup_updates: int | None = None  # None: the architecture's warmup_steps
-    warmup_init_lr: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0
+    lr_scheduler: str = setting("noam", flag="--lr-scheduler", panel=P_OPT, help="noam (the paper: lr-scale * d_model^-0.5 * min(u^-0.5, u * warmup^-1.5)) or inverse_sqrt (fairseq: linear warmup to --lr, then --lr * sqrt(warmup/u)).")
+    lr_scale: float = setting(1.0, flag="--lr-scale", panel=P_OPT, help="noam: multiplies the paper's learning rate.")
+    lr: float = setting(5e-4, flag="--lr", panel=P_OPT, help="inverse_sqrt: the peak learning rate, reached after warmup.")
+    # None: the architecture's warmup_steps (see with_arch_overrides)
+    warmup_updates: int | None = setting(None, flag="--warmup-updates", panel=P_OPT, show_default=False, help="Warmup updates of either schedule; sets the architecture's warmup_steps field [default: the architecture's, 4000 for the paper's models].")
+    warmup_init_lr: float = setting(0.0, flag="--warmup-init-lr", panel=P_OPT, help="inverse_sqrt: learning rate at update 0 of the warmup.")
+    adam_betas: tuple[float, float] = setting((0.9, 0.98), flag="--adam-betas", cli_type=str, cli_default="0.9,0.98", parse=parse_betas, panel=P_OPT, help="Adam beta1,beta2.")
+    adam_eps: float = setting(1e-9, flag="--adam-eps", panel=P_OPT, help="Adam epsilon.")
+    weight_decay: float = setting(0.0, flag="--weight-decay", panel=P_OPT, help="Decoupled weight decay (AdamW); 0 = plain Adam as in the paper.")
+    clip_norm: float = setting(0.0, flag="--clip-norm", panel=P_OPT, help="Clip the gradient's global L2 norm to this; 0 = no clipping (the paper).")
     # precision and device
-    precision: str = "fp32"
-    compile: bool = False
-    device: str = "auto"
-    threads: int | None = None
-    seed: int = 1
+    precision: str = setting("fp32", flag="--precision", panel=P_DEV, help="fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling).")
+    compile: bool = setting(False, flag="--compile", panel=P_DEV, help="torch.compile the model (slow first steps, faster afterwards).")
+    device: str = setting("auto", flag="--device", panel=P_DEV, help="auto (CUDA if available), cpu, cuda (this process's LOCAL_RANK under torchrun), cuda:N or mps.")
+    threads: int | None = setting(None, flag="--threads", panel=P_DEV, show_default=False, help="CPU threads for torch [default: torch's choice].")
+    seed: int = setting(1, flag="--seed", panel=P_DEV, help="Seed for initialization, dropout and batch shuffling.")
     # stopping
-    max_update: int = 0
-    max_epoch: int = 0
-    max_time: float = 0.0  # seconds of training (summed over resumed runs); 0 = no limit
+    max_update: int = setting(0, flag="--max-update", panel=P_STOP, help="Stop after this many updates; 0 = no limit.")
+    max_epoch: int = setting(0, flag="--max-epoch", panel=P_STOP, help="Stop after this many epochs; 0 = no limit.")
+    # seconds of training (summed over resumed runs); 0 = no limit
+    max_time: float = setting(0.0, flag="--max-time", cli_type=Optional[str], cli_default=None, parse=parse_max_time, panel=P_STOP, show_default=False, help="Stop after this much training time over all runs: 3600, 90m, 12h, 2d or 1:30:00.")
     # validation
-    validate_interval_updates: int = 0
-    no_validate: bool = False
-    patience: int = 0
-    eval_bleu: bool = False
-    eval_bleu_beam: int = 1
-    eval_bleu_lenpen: float = 0.6
-    eval_bleu_max_len_a: float = 1.2
-    eval_bleu_max_len_b: int = 10
-    best_checkpoint_metric: str = "loss"
-    ema_decay: float = 0.0
+    validate_interval_updates: int = setting(0, flag="--validate-interval-updates", panel=P_VALID, help="Also validate every N updates (always at each epoch end); 0 = epoch ends only.")
+    no_validate: bool = setting(False, flag="--no-validate", panel=P_VALID, help="Never validate.")
+    patience: int = setting(0, flag="--patience", panel=P_VALID, help="Stop after N validations in a row without improvement of --best-checkpoint-metric; 0 = never.")
+    eval_bleu: bool = setting(False, flag="--eval-bleu", panel=P_VALID, help="Also decode the valid split and compute sacreBLEU at each validation.")
+    eval_bleu_beam: int = setting(1, flag="--eval-bleu-beam", panel=P_VALID, help="Beam size for --eval-bleu (1 = greedy).")
+    eval_bleu_lenpen: float = setting(0.6, flag="--eval-bleu-lenpen", panel=P_VALID, help="Length penalty alpha (GNMT form) for --eval-bleu with a beam.")
+    eval_bleu_max_len_a: float = setting(1.2, flag="--eval-bleu-max-len-a", panel=P_VALID, help="--eval-bleu output limit: a * source length + b.")
+    eval_bleu_max_len_b: int = setting(10, flag="--eval-bleu-max-len-b", panel=P_VALID, help="--eval-bleu output limit: a * source length + b.")
+    best_checkpoint_metric: str = setting("loss", flag="--best-checkpoint-metric", panel=P_VALID, help="loss (validation nll, lower is better) or bleu (needs --eval-bleu) chooses checkpoint_best.pt and drives --patience.")
+    ema_decay: float = setting(0.0, flag="--ema-decay", panel=P_VALID, help="Keep an exponential moving average of the weights with this decay (e.g. 0.9999); validation then uses it. 0 = off.")
     # checkpoints
-    save_interval_updates: int = 0
-    save_interval_minutes: float = 0.0
-    keep_last_updates: int = 0
-    keep_last_epochs: int = 0
-    no_epoch_checkpoints: bool = False
+    save_interval_updates: int = setting(0, flag="--save-interval-updates", panel=P_CKPT, help="Write checkpoint_EPOCH_UPDATE.pt every N updates; 0 = off.")
+    save_interval_minutes: float = setting(0.0, flag="--save-interval-minutes", panel=P_CKPT, help="Write checkpoint_EPOCH_UPDATE.pt every M minutes (the paper: 10); 0 = off.")
+    keep_last_updates: int = setting(0, flag="--keep-last-updates", panel=P_CKPT, help="Keep only the newest N checkpoint_EPOCH_UPDATE.pt; 0 = keep all.")
+    keep_last_epochs: int = setting(0, flag="--keep-last-epochs", panel=P_CKPT, help="Keep only the newest N checkpointEPOCH.pt; 0 = keep all.")
+    no_epoch_checkpoints: bool = setting(False, flag="--no-epoch-checkpoints", panel=P_CKPT, help="Do not write checkpointEPOCH.pt (checkpoint_last.pt is still updated).")
     # robustness and logging
-    max_nan_skips: int = 10
-    log_interval: int = 100
-    progress_bar: bool = True
+    log_interval: int = setting(100, flag="--log-interval", panel=P_LOG, help="Log training statistics every N updates.")
+    progress_bar: bool = setting(True, flag="--no-progress-bar", cli_type=bool, cli_default=False, parse=negate, panel=P_LOG, help="Plain log lines instead of the progress bar.")
+    max_nan_skips: int = setting(10, flag="--max-nan-skips", panel=P_LOG, help="Stop after this many NaN/inf updates in a row (each is skipped).")
+    # library-only settings (no flags)
     log_file: str = "train_log.jsonl"
     prefetch: bool | None = None  # collate the next update in a thread; None = on for CUDA only
 
@@ -136,44 +197,17 @@ class TrainConfig:
             raise UserError(f"--valid-subset must differ from --train-subset ({self.train_subset!r})")
         return self
 
+    def with_arch_overrides(self, overrides: Mapping[str, Any] | None) -> "TrainConfig":
+        """`self` with the Architecture flags the user gave (None = not given); `--warmup-updates`
+        is also the architecture's warmup_steps field (fairseq's flag name for it)."""
+        given = {k: v for k, v in (overrides or {}).items() if v is not None}
+        if self.warmup_updates is not None:
+            given["warmup_steps"] = self.warmup_updates
+        return dataclasses.replace(self, arch_overrides=given)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (stored in checkpoints, loaded with weights_only=True)."""
         d = dataclasses.asdict(self)
         d["adam_betas"] = list(self.adam_betas)
         d["arch_overrides"] = {k: v for k, v in self.arch_overrides.items() if v is not None}
         return d
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhd]?)\s*$")
-
-
-def parse_duration(text: str, flag_name: str = "--max-time") -> float:
-    """Seconds from '3600', '90s', '45m', '12h', '2d' or 'H:MM[:SS]'; UserError otherwise."""
-    t = str(text).strip()
-    if ":" in t:
-        parts = t.split(":")
-        if len(parts) in (2, 3) and all(p.isdigit() for p in parts):
-            nums = [int(p) for p in parts] + ([0] if len(parts) == 2 else [])
-            return float(nums[0] * 3600 + nums[1] * 60 + nums[2])
-    else:
-        m = _DURATION.match(t)
-        if m:
-            scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-            return float(m.group(1)) * scale
-    raise UserError(f"{flag_name} expects a duration like 3600, 90m, 12h, 2d or 1:30:00, got {text!r}")
-
-
-def parse_betas(text: str) -> tuple[float, float]:
-    """'0.9,0.98' or '(0.9, 0.98)' -> (0.9, 0.98); UserError otherwise."""
-    t = str(text).strip().strip("()[]")
-    try:
-        parts = [float(x) for x in t.replace(" ", "").split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) != 2:
-        raise UserError(f"--adam-betas expects two numbers like 0.9,0.98, got {text!r}")
-    return parts[0], parts[1]

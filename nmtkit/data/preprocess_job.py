@@ -1,0 +1,144 @@
+"""One `nmtkit preprocess` run: its settings (`PreprocessJob`), running it, and its summary.
+
+Why apart from nmtkit.data.preprocess: the pipeline there turns parallel text into a data
+directory and knows nothing of tasks. A job adds what the command line decides: `--task` (plain
+translation, or parsing through nmtkit.parsing.pipeline, which prepares a treebank as parallel
+text first), the defaults that depend on it (parsing: fixed languages, no train cleaning unless
+asked), the flags that apply to one task only, and the summary printed at the end. The CLI
+(nmtkit.cli.preprocess) only parses flags, shows progress bars and prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from nmtkit.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
+from nmtkit.errors import UserError
+from nmtkit.settings import construct, group, setting, split_prefixes
+
+TASKS = ("translation", "parsing")
+P_PARSING = "Parsing"
+DEFAULT_POS_TAGS = "keep"
+# --task parsing: flags that do not apply to translation (checked in this order)
+PARSING_ONLY = (("--treebank", "treebank"), ("--split", "split"), ("--pos-tags", "pos_tags"),
+                ("--extra-train", "extra_train"))
+
+
+@dataclass
+class PreprocessJob:
+    """`nmtkit preprocess`'s settings: the pipeline's (`config`) and the task's."""
+
+    config: PreprocessConfig = group(PreprocessConfig, required=True)
+    task: str = setting("translation", flag="--task", panel=P_PARSING, help="translation (parallel text) or parsing (treebank trees -> words and linearized trees; docs/parsing.md).")
+    treebank: str | None = setting(None, flag="--treebank", panel=P_PARSING, help="--task parsing: a whole treebank (LDC parsed/mrg/wsj folder, NLTK treebank.zip, or a file), split by --split.")
+    split: str | None = setting(None, flag="--split", panel=P_PARSING, help="--task parsing with --treebank: ptb (WSJ 02-21/22/23) or sample (NLTK sample wsj_0001-0179/0180-0189/0190-0199).")
+    # None: DEFAULT_POS_TAGS (given at all only with --task parsing)
+    pos_tags: str | None = setting(None, flag="--pos-tags", panel=P_PARSING, show_default=False, help="--task parsing: keep (part-of-speech tags in the target, as the paper) or xx (one placeholder tag) [default: keep].")
+    extra_train: list[str] = setting(default_factory=list, flag="--extra-train", cli_type=Optional[str], cli_default=None, parse=split_prefixes("--extra-train"), panel=P_PARSING, help="--task parsing: more training trees, comma-separated files or folders (e.g. a silver corpus: the semi-supervised setting).")
+
+    @property
+    def parsing(self) -> bool:
+        return self.task == "parsing"
+
+    @classmethod
+    def from_flags(cls, values: dict[str, Any]) -> "PreprocessJob":
+        """The job from the command line's values; `config` holds None for the flags not given.
+
+        The rules that tie flags to `--task` and `--bpe` live here: which flags apply, which are
+        required, and the defaults that depend on the task.
+        """
+        task, c = values["task"], dict(values["config"])
+        if task not in TASKS:
+            raise UserError(f"--task must be translation or parsing, got {task!r}")
+        if task == "parsing":
+            from nmtkit.parsing import pipeline
+
+            for flag, name in (("--source-lang", "source_lang"), ("--target-lang", "target_lang")):
+                if c[name] is not None:
+                    raise UserError(f"{flag} does not apply to --task parsing (the sides are "
+                                    f"'{pipeline.SOURCE_LANG}' and '{pipeline.TARGET_LANG}')")
+            c.update(source_lang=pipeline.SOURCE_LANG, target_lang=pipeline.TARGET_LANG, trainpref=c["trainpref"] or "")
+            for name, default in (("max_len", pipeline.PARSING_MAX_LEN), ("ratio", pipeline.PARSING_RATIO)):
+                if c[name] is None:
+                    c[name] = default
+        else:
+            for flag, name in PARSING_ONLY:
+                if values[name] not in (None, []):
+                    raise UserError(f"{flag} applies to --task parsing")
+            for flag, name in (("--source-lang", "source_lang"), ("--target-lang", "target_lang"), ("--trainpref", "trainpref")):
+                if c[name] is None:
+                    raise UserError(f"missing option {flag}")
+        if c["bpe"] != "sentencepiece" and c["vocab_size"] is not None:
+            raise UserError(f"--vocab-size applies to --bpe sentencepiece, not --bpe {c['bpe']}")
+        if c["bpe"] != "subword-nmt" and c["bpe_merges"] is not None:
+            raise UserError(f"--bpe-merges applies to --bpe subword-nmt, not --bpe {c['bpe']}")
+        return construct(cls, {**values, "config": c})  # flags still None take the field defaults
+
+    def validate(self) -> None:
+        """UserError naming the flag for a bad treebank selection (before anything is read).
+
+        The pipeline's own settings are checked by `preprocess` (PreprocessConfig.validate).
+        """
+        if self.parsing:
+            self.treebank_inputs().validate()
+
+    def treebank_inputs(self):
+        """--task parsing: where each split's trees come from (nmtkit.parsing.pipeline.TreebankInputs)."""
+        from nmtkit.parsing.pipeline import TreebankInputs
+
+        c = self.config
+        return TreebankInputs(treebank=self.treebank, split=self.split, trainpref=c.trainpref or None,
+                              validpref=list(c.validpref), testpref=list(c.testpref),
+                              extra_train=list(self.extra_train), pos=self.pos_tags or DEFAULT_POS_TAGS)
+
+
+def run_preprocess(job: PreprocessJob, *, progress=None, log: Callable[[str], None] | None = None) -> PreprocessResult:
+    """Build `job.config.destdir` (or find it up to date); `progress` is a rich Progress or None."""
+    if job.parsing:
+        from nmtkit.parsing import pipeline
+
+        return pipeline.preprocess_parsing(job.treebank_inputs(), job.config, progress=progress, log=log).result
+    return preprocess(job.config, progress=progress, log=log)
+
+
+def format_summary(result: PreprocessResult) -> str:
+    """What DESTDIR holds: the subword model, dictionaries, one table row per split, train
+    cleaning and the time taken (`nmtkit preprocess` prints it on stdout)."""
+    m = result.manifest
+    src, tgt = m["source_lang"], m["target_lang"]
+    sub = m["subword"]
+    d = m["dictionaries"]
+    state = "up to date" if result.up_to_date else "written"
+    kinds = sub.get("kinds", {src: sub["kind"], tgt: sub["kind"]})
+    if kinds[src] != kinds[tgt]:
+        model = f"{src} {kinds[src]}, {tgt} {kinds[tgt]}"
+    else:
+        model = sub["kind"] if sub["kind"] == "none" else f"{sub['kind']} ({'joint' if sub['joint'] else 'separate'})"
+    task = f"; task {m['task']}" if m.get("task") else ""
+    if m.get("task") == "parsing":
+        task += f" (--pos-tags {m['parsing']['pos_tags']}; gold trees: {', '.join(m['parsing']['gold'].values())})"
+    lines = [f"{result.destdir}: {state}; subwords: {model}; dictionaries: {src} {d[src]['size']}, "
+             f"{tgt} {d[tgt]['size']}{' (joined)' if d['joined'] else ''}{task}"]
+    rows = [("split", "lines", "pairs", f"{src} tokens", f"{tgt} tokens", f"{src} unk", f"{tgt} unk", "shards")]
+    for name, s in m["splits"].items():
+        rows.append((name, s["lines"], s["sentences"], s["tokens"][src], s["tokens"][tgt],
+                     s["unk"][src], s["unk"][tgt], len(s["shards"])))
+    widths = [max(len(f"{r[i]}") for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        lines.append("  ".join(f"{v}".ljust(w) if i == 0 else f"{v}".rjust(w)
+                               for i, (v, w) in enumerate(zip(r, widths))).rstrip())
+    clean = m["splits"]["train"].get("cleaning")
+    if clean:
+        dr = clean["dropped"]
+        lines.append(f"train cleaning dropped {clean['dropped_total']} pairs: empty {dr['empty']}, too long {dr['too_long']}, "
+                     f"too short {dr['too_short']}, ratio {dr['ratio']}")
+    if not result.up_to_date and result.timings:
+        t = result.timings
+        pairs = m["splits"]["train"]["lines"]
+        enc = t.get("encode_train", 0) + t.get("write_train", 0)
+        rate = f" ({pairs / enc:,.0f} pairs/s, {t.get('binarize_cpu', 0):.1f} CPU s)" if enc > 0 else ""
+        lines.append(f"time: check {t.get('check', 0):.1f}s, learn {t.get('learn', 0):.1f}s, "
+                     f"binarize train {enc:.1f}s{rate}, valid/test {t.get('encode_eval', 0):.1f}s, "
+                     f"total {t.get('total', 0):.1f}s")
+    return "".join(line + "\n" for line in lines)
