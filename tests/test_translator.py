@@ -248,13 +248,13 @@ def test_refusals_are_one_line_user_errors(setup, translator, tmp_path):  # noqa
         Translator.load(ckpt, data, device="tpu")
     assert "--device: unknown device 'tpu'" in _one_line(e)
     bad = {
-        (("beam", 0),): "search settings: beam must be >= 1, got 0",
-        (("nbest", 5),): "search settings: nbest must be between 1 and beam (4), got 5",
+        (("beam", 0),): "search settings: --beam must be >= 1, got 0",
+        (("nbest", 5),): "search settings: --nbest 5 exceeds the --beam 4; raise --beam",
         (("beem", 5),): "unknown search setting 'beem' (known: beam, lenpen, ",
         (("beam", "4"),): "search setting beam must be an int, got '4'",
         (("sampling", 1),): "search setting sampling must be True or False, got 1",
         (("topk", 5),): "search settings: topk, topp and temperature apply only with sampling=True",
-        (("max_len_b", -1),): "search settings: max_len_a and max_len_b must be >= 0, got 1.0 and -1",
+        (("max_len_b", -1),): "search settings: --max-len-a and --max-len-b must be >= 0, got 1.0 and -1",
         (("pad", 5),): "unknown search setting 'pad'",
     }
     for settings, msg in bad.items():
