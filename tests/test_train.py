@@ -15,6 +15,7 @@ import torch
 
 from nmtkit import checkpoints as ck
 from nmtkit.errors import UserError
+from nmtkit.training import step as S
 from nmtkit.training import trainer as T
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.report import read_log
@@ -140,7 +141,7 @@ def test_two_gloo_processes_match_one_with_update_freq_2(data_dir, tmp_path):
 
 def _poison(monkeypatch, bad_calls):
     """Make the loss NaN on the given (0-based) training loss calls."""
-    real = T.label_smoothed_cross_entropy
+    real = S.label_smoothed_cross_entropy
     calls = {"n": 0}
 
     def fake(logits, target, eps, ignore_index=0):
@@ -151,7 +152,7 @@ def _poison(monkeypatch, bad_calls):
             loss = loss * float("nan")
         return loss, nll, n
 
-    monkeypatch.setattr(T, "label_smoothed_cross_entropy", fake)
+    monkeypatch.setattr(S, "label_smoothed_cross_entropy", fake)
 
 
 def test_nan_update_is_skipped_and_repeated_nans_stop(data_dir, tmp_path, monkeypatch):
@@ -310,7 +311,7 @@ def test_time_limits_and_timed_checkpoints(data_dir, tmp_path):
 
 
 def test_fp16_overflow_is_skipped_by_the_loss_scaler(data_dir, tmp_path, monkeypatch):
-    real = T.label_smoothed_cross_entropy
+    real = S.label_smoothed_cross_entropy
     calls = {"n": 0}
 
     def fake(logits, target, eps, ignore_index=0):
@@ -320,7 +321,7 @@ def test_fp16_overflow_is_skipped_by_the_loss_scaler(data_dir, tmp_path, monkeyp
             loss = loss * float("inf")  # as an fp16 overflow would make it
         return loss, nll, n
 
-    monkeypatch.setattr(T, "label_smoothed_cross_entropy", fake)
+    monkeypatch.setattr(S, "label_smoothed_cross_entropy", fake)
     res = T.train(config(data_dir, tmp_path / "h", max_update=2, no_validate=True, precision="fp16", max_tokens=64))
     assert res.update == 2 and res.nan_skips == 0
     skips = [r for r in read_log(tmp_path / "h" / "train_log.jsonl") if r["type"] == "skip"]

@@ -20,9 +20,7 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -89,14 +87,13 @@ def new_trainer(data_dir, save_dir, **kw) -> T.Trainer:
     t = T.Trainer(config(data_dir, save_dir, **kw))
     t._build()
     t._make_iterators()
-    t._t_start = t._last_timed_save = time.monotonic()
-    t._elapsed_base = 0.0
+    t._prepare_run()
     return t
 
 
 def step(t: T.Trainer, batches: list):
     """One update over `batches` (this process's micro-batches); returns the step's result."""
-    return SimpleNamespace(**{"skip": None, **t._train_step(batches)})
+    return t._train_step(batches)
 
 
 def batches_of(t: T.Trainer, first: int, k: int) -> list:
