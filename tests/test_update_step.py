@@ -65,7 +65,8 @@ def data_dir(tmp_path_factory):
 def config(data_dir, save_dir, **kw) -> TrainConfig:
     base = dict(data_dir=str(data_dir), save_dir=str(save_dir), arch="transformer_tiny", max_tokens=128,
                 lr_scheduler="inverse_sqrt", lr=3e-3, warmup_updates=5, log_interval=1, progress_bar=False,
-                threads=1, no_epoch_checkpoints=True, no_validate=True, arch_overrides=dict(NO_DROPOUT))
+                threads=1, no_epoch_checkpoints=True, no_validate=True, arch_overrides=dict(NO_DROPOUT),
+                device="cpu")  # the references below are CPU float64; CUDA pads batches to multiples of 8
     base.update(kw)
     return TrainConfig(**base)
 
@@ -248,7 +249,8 @@ def test_two_processes_accumulating_2_equal_one_accumulating_4(data_dir, tmp_pat
     args = [sys.executable, "-m", "nmtkit", "train", str(data_dir), "--save-dir", str(tmp_path / "ddp"),
             "--update-freq", "2", "--arch", "transformer_tiny", "--dropout", "0", "--max-tokens", "128",
             "--lr-scheduler", "inverse_sqrt", "--lr", "3e-3", "--warmup-updates", "5", "--max-update", "2",
-            "--threads", "1", "--no-progress-bar", "--log-interval", "1", "--no-validate", "--no-epoch-checkpoints"]
+            "--threads", "1", "--device", "cpu", "--no-progress-bar", "--log-interval", "1", "--no-validate",
+            "--no-epoch-checkpoints"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     procs = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
