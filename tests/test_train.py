@@ -15,6 +15,7 @@ import torch
 
 from nmtkit import checkpoints as ck
 from nmtkit.errors import UserError
+from nmtkit.training import step as S
 from nmtkit.training import trainer as T
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.report import read_log
@@ -140,7 +141,7 @@ def test_two_gloo_processes_match_one_with_update_freq_2(data_dir, tmp_path):
 
 def _poison(monkeypatch, bad_calls):
     """Make the loss NaN on the given (0-based) training loss calls."""
-    real = T.label_smoothed_cross_entropy
+    real = S.label_smoothed_cross_entropy
     calls = {"n": 0}
 
     def fake(logits, target, eps, ignore_index=0):
@@ -151,7 +152,7 @@ def _poison(monkeypatch, bad_calls):
             loss = loss * float("nan")
         return loss, nll, n
 
-    monkeypatch.setattr(T, "label_smoothed_cross_entropy", fake)
+    monkeypatch.setattr(S, "label_smoothed_cross_entropy", fake)
 
 
 def test_nan_update_is_skipped_and_repeated_nans_stop(data_dir, tmp_path, monkeypatch):
@@ -310,7 +311,7 @@ def test_time_limits_and_timed_checkpoints(data_dir, tmp_path):
 
 
 def test_fp16_overflow_is_skipped_by_the_loss_scaler(data_dir, tmp_path, monkeypatch):
-    real = T.label_smoothed_cross_entropy
+    real = S.label_smoothed_cross_entropy
     calls = {"n": 0}
 
     def fake(logits, target, eps, ignore_index=0):
@@ -320,7 +321,7 @@ def test_fp16_overflow_is_skipped_by_the_loss_scaler(data_dir, tmp_path, monkeyp
             loss = loss * float("inf")  # as an fp16 overflow would make it
         return loss, nll, n
 
-    monkeypatch.setattr(T, "label_smoothed_cross_entropy", fake)
+    monkeypatch.setattr(S, "label_smoothed_cross_entropy", fake)
     res = T.train(config(data_dir, tmp_path / "h", max_update=2, no_validate=True, precision="fp16", max_tokens=64))
     assert res.update == 2 and res.nan_skips == 0
     skips = [r for r in read_log(tmp_path / "h" / "train_log.jsonl") if r["type"] == "skip"]
@@ -375,3 +376,52 @@ def test_validation_bleu_plumbing(monkeypatch):
     hyps = [to_text(tgt[0]), to_text(tgt[1]), to_text(tgt[2])]
     refs = [to_text(t) for t in tgt_copy]
     assert score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+
+
+def test_stop_reason_rules_and_their_order(tmp_path):
+    """The one function holding the stopping rules: which reason wins when several hold."""
+    from nmtkit.training.state import TrainState
+    from nmtkit.training.stopping import LoopFlags, TrainingStopped, stop_reason
+
+    cfg = config(tmp_path, tmp_path, max_update=10, max_epoch=2, patience=2, max_nan_skips=3)
+    none, sig, late = LoopFlags(), LoopFlags(signal=True), LoopFlags(time_up=True)
+    st = TrainState(update=10, epoch=2, bad_validations=2)
+    assert stop_reason(cfg, st, none, "start") == "already_done"
+    assert stop_reason(cfg, TrainState(update=3, epoch=3), none, "start") == "already_done"  # past --max-epoch
+    assert stop_reason(cfg, TrainState(update=3, epoch=2), none, "start") is None
+    # inside an epoch: patience only right after a validation, and before max_update
+    assert stop_reason(cfg, st, none, "update", validated=True) == "patience"
+    assert stop_reason(cfg, st, sig, "update") == "max_update"
+    assert stop_reason(cfg, TrainState(update=3, bad_validations=2), sig, "update") == "signal"
+    assert stop_reason(cfg, TrainState(update=3), late, "update") == "max_time"
+    assert stop_reason(cfg, TrainState(update=3), none, "update") is None
+    # at an epoch end: max_update, max_epoch, patience, signal, max_time
+    assert stop_reason(cfg, st, sig, "epoch_end", finished_epoch=2) == "max_update"
+    assert stop_reason(cfg, TrainState(update=3, bad_validations=2), sig, "epoch_end", finished_epoch=2) == "max_epoch"
+    assert stop_reason(cfg, TrainState(update=3, bad_validations=2), sig, "epoch_end", finished_epoch=1) == "patience"
+    assert stop_reason(cfg, TrainState(update=3), late, "epoch_end", finished_epoch=1) == "max_time"
+    assert stop_reason(cfg, TrainState(update=3), none, "epoch_end", finished_epoch=1) is None
+    # after a NaN skip: --max-nan-skips in a row stop with an error
+    assert stop_reason(cfg, TrainState(consecutive_nan=2), none, "step") is None
+    with pytest.raises(TrainingStopped, match="3 updates in a row had a NaN/inf loss"):
+        stop_reason(cfg, TrainState(update=7, consecutive_nan=3), none, "step")
+
+
+def test_checkpoint_state_round_trip(data_dir, tmp_path):
+    """checkpoint_state.build -> restore gives back the weights, optimizer, counters and position."""
+    from nmtkit.training import checkpoint_state
+
+    T.train(config(data_dir, tmp_path / "a", max_update=3, no_validate=True, ema_decay=0.5, update_freq=2))
+    saved = ck.load_checkpoint(tmp_path / "a" / "checkpoint_last.pt")
+    t = T.Trainer(config(data_dir, tmp_path / "a", max_update=3, no_validate=True, ema_decay=0.5, update_freq=2))
+    t._build()  # restores from checkpoint_last.pt
+    t._make_iterators()
+    assert t.resumed and t.state.update == 3 and t.state.batch_offset == saved["train"]["data_position"]["batch_offset"]
+    again = checkpoint_state.build(t.objs, t.state, t.identity, t.info)
+    assert list(again) == list(saved) and list(again["train"]) == list(saved["train"])
+    for k in saved["model"]:
+        assert torch.equal(again["model"][k], saved["model"][k]) and torch.equal(again["ema"][k], saved["ema"][k])
+    assert again["train"]["state"] == saved["train"]["state"]
+    assert again["train"]["data_position"] == saved["train"]["data_position"]
+    opt_a, opt_s = again["train"]["optimizer"]["state"], saved["train"]["optimizer"]["state"]
+    assert all(torch.equal(opt_a[i][key], opt_s[i][key]) for i in opt_s for key in opt_s[i])

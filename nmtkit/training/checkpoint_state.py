@@ -1,0 +1,118 @@
+"""What a training checkpoint holds, and how the training objects are restored from one.
+
+Why one module: the checkpoint is the contract between a run and its resumption (and, later,
+fine-tuning, which restores only some parts: weights without optimizer, a fresh schedule...).
+`build` is the only place that decides the keys (checkpoints.py's docstring and docs/formats.md
+describe them; they must not change, so that older checkpoints keep loading); `restore_*` are
+the only places that read them back. File writing (atomic, links, pruning) is the trainer's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nmtkit import checkpoints as ck
+from nmtkit.training import distributed as D
+from nmtkit.training.config import TrainConfig
+from nmtkit.training.ema import EMA
+from nmtkit.training.state import TrainState
+from nmtkit.training.step import TrainingObjects
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a checkpoint says about the run beyond its tensors: settings, model and data."""
+
+    cfg: TrainConfig
+    arch_config: dict  # ArchConfig.to_dict()
+    dictionaries: dict  # sha256, sizes and languages of both dictionaries
+    manifest_id: str  # the data dir's content id
+    batching_key: dict  # settings that fix the batch plan (a resume under others warns)
+
+
+def build(objs: TrainingObjects, st: TrainState, who: RunIdentity, info: D.DistInfo) -> dict:
+    """The checkpoint dict of the current training state (collective: gathers every rank's RNG)."""
+    cfg = who.cfg
+    rngs = D.all_gather_objects(ck.rng_state(), info)
+    state: dict[str, Any] = {
+        ck.MAGIC: ck.FORMAT_VERSION,
+        "arch": cfg.arch,
+        "arch_config": who.arch_config,
+        "model": objs.model.state_dict(),
+        "dictionaries": dict(who.dictionaries),
+        "data_manifest_id": who.manifest_id,
+        "update": st.update,
+        "epoch": st.last_epoch_done,
+        "train_args": cfg.to_dict(),
+        "train": {
+            "optimizer": objs.optimizer.state_dict(),
+            "scheduler": {**objs.schedule.state_dict(), "update": st.update},
+            "scaler": objs.scaler.state_dict() if objs.scaler.is_enabled() else {},
+            "rng": rngs,
+            "data_position": {"epoch": st.epoch, "batch_offset": st.batch_offset,
+                              "world_size": info.world_size, "batching": who.batching_key},
+            "early_stopping": {"metric": cfg.best_checkpoint_metric, "best": st.best,
+                               "bad_validations": st.bad_validations, "patience": cfg.patience},
+            "counters": {"nan_skips": st.nan_skips, "oom_skips": st.oom_skips,
+                         "overflow_skips": st.overflow_skips, "elapsed_s": st.elapsed_s},
+            "state": st.to_dict(),
+        },
+    }
+    if objs.ema is not None:
+        state["ema"] = objs.ema.state_dict()
+    if st.best is not None:
+        state["best"] = {"metric": cfg.best_checkpoint_metric, "value": st.best}
+    return state
+
+
+def restore_weights(state: dict, objs: TrainingObjects, ema_decay: float) -> None:
+    """The model's weights, and the EMA's (a fresh average of them if the checkpoint has none)."""
+    objs.model.load_state_dict(state["model"])
+    if objs.ema is not None:
+        if state.get("ema") is not None:
+            objs.ema.load_state_dict(state["ema"])
+        else:
+            objs.ema = EMA(objs.model, ema_decay)
+
+
+def restore_optimization(state: dict, objs: TrainingObjects) -> None:
+    """Adam's moments and step counts and the fp16 loss scale (the schedule is a function of the update)."""
+    tr = state["train"]
+    objs.optimizer.load_state_dict(tr["optimizer"])
+    if tr.get("scaler"):
+        objs.scaler.load_state_dict(tr["scaler"])
+
+
+def restore_progress(state: dict, st: TrainState, info: D.DistInfo, seed: int) -> dict | None:
+    """Counters, data position and random generators; -> the batching key the checkpoint was made under.
+
+    Resuming with another number of processes keeps the global position (batches consumed x
+    processes); the per-rank RNG states are restored only when the number matches (otherwise
+    torch is seeded from the seed, rank and update).
+    """
+    tr = state["train"]
+    for k, v in tr.get("state", {}).items():
+        if hasattr(st, k):
+            setattr(st, k, v)
+    pos = tr["data_position"]
+    st.epoch = int(pos["epoch"])
+    offset, old_world = int(pos["batch_offset"]), int(pos.get("world_size", 1))
+    if old_world != info.world_size:
+        offset = (offset * old_world) // info.world_size
+    st.batch_offset = offset
+    rngs = tr.get("rng") or []
+    if len(rngs) == info.world_size:
+        ck.set_rng_state(rngs[info.rank])
+    else:
+        torch.manual_seed(seed + info.rank + 1000 * st.update)
+    return pos.get("batching")
+
+
+def restore(state: dict, objs: TrainingObjects, st: TrainState, info: D.DistInfo, cfg: TrainConfig) -> dict | None:
+    """Everything, for resuming a run exactly; -> the batching key the checkpoint was made under."""
+    restore_weights(state, objs, cfg.ema_decay)
+    restore_optimization(state, objs)
+    return restore_progress(state, st, info, cfg.seed)

@@ -1,0 +1,175 @@
+"""One training update: forward/backward over the micro-batches, then apply it or skip it.
+
+What one update does (K = --update-freq micro-batches on each of W ranks):
+  1. sum this rank's target tokens and sentences, and the loop's flags, over ranks -> N (one
+     all-reduce);
+  2. set the learning rate of update u (1-based) from the schedule;
+  3. forward, label-smoothed loss sum, backward of loss_sum * W / N for each micro-batch (DDP
+     averages gradients over ranks, so the result is d(total loss / N) exactly as on one process
+     with K * W micro-batches); DDP syncs gradients only on the last micro-batch;
+  4. (fp16: unscale) gradient norm; a non-finite norm or loss skips the update (NaN/inf: "nan";
+     fp16 overflow: the loss scale shrinks, "fp16_overflow"); an out-of-memory error skips it
+     ("oom", one process only);
+  5. clip to --clip-norm, Adam step, EMA update.
+
+Why a module of its own: the step is the numerical heart of training and is pinned by
+tests/test_update_step.py against independent references; it touches no counters, files or
+logs. It returns a `StepResult`, which the loop counts (state.TrainState.count), logs and
+checks against the stopping rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from nmtkit.errors import UserError
+from nmtkit.training import distributed as D
+from nmtkit.training.ema import EMA
+from nmtkit.training.loss import label_smoothed_cross_entropy
+from nmtkit.training.schedule import Schedule
+from nmtkit.training.stopping import LoopFlags, TrainingStopped
+
+MIN_LOSS_SCALE = 2.0**-14  # fp16: below this the loss scale keeps overflowing; training is broken
+
+
+@dataclass
+class TrainingObjects:
+    """What training updates and a checkpoint saves: the model and its optimizer, schedule,
+    fp16 loss scaler and (with --ema-decay) the moving average of its weights."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    scaler: torch.amp.GradScaler
+    ema: EMA | None = None
+
+
+@dataclass
+class StepResult:
+    """What one update did. Sums are over all micro-batches of all ranks, losses in nats."""
+
+    applied: bool  # the optimizer step was taken
+    ntokens: int  # non-pad target tokens (N)
+    nsentences: int
+    lr: float  # the learning rate of this update
+    flags: LoopFlags = field(default_factory=LoopFlags)  # the loop's flags, agreed over ranks
+    loss_sum: float = 0.0  # label-smoothed loss
+    nll_sum: float = 0.0  # unsmoothed negative log-likelihood
+    gnorm: float = math.nan  # global gradient L2 norm before clipping (unscaled)
+    skip: str | None = None  # why not applied: "nan", "oom" or "fp16_overflow"
+    shapes: str = ""  # oom: the micro-batches, sentences x src/tgt length
+
+
+def autocast(device: torch.device, amp_dtype: torch.dtype | None):
+    """torch.autocast for --precision bf16/fp16 on `device`; a no-op context for fp32."""
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=amp_dtype)
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Global L2 norm of all gradients (one fused norm per tensor, then the norm of the norms)."""
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+
+
+def is_oom(e: BaseException) -> bool:
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom_type is not None and isinstance(e, oom_type)) or "out of memory" in str(e).lower()
+
+
+class UpdateStep:
+    """Makes updates of `objs` (see the module docstring); `forward_model` is the model as
+    called (DDP- and/or torch.compile-wrapped), `ddp` the DDP wrapper when there is one."""
+
+    def __init__(self, objs: TrainingObjects, forward_model: torch.nn.Module, ddp, *, device: torch.device,
+                 info: D.DistInfo, amp_dtype: torch.dtype | None, epsilon: float, clip_norm: float):
+        self.objs, self.forward_model, self.ddp = objs, forward_model, ddp
+        self.device, self.info, self.amp_dtype = device, info, amp_dtype
+        self.epsilon, self.clip_norm = epsilon, clip_norm
+        self.params = [p for p in objs.model.parameters() if p.requires_grad]
+
+    def __call__(self, batches: list, update: int, flags: LoopFlags) -> StepResult:
+        """Update number `update` (1-based) over this rank's micro-batches (collated Batch objects)."""
+        head = torch.tensor([sum(b.ntokens for b in batches), sum(b.nsentences for b in batches),
+                             *flags.as_floats()], dtype=torch.float64)
+        D.all_reduce_sum(head, self.info)
+        out = StepResult(applied=False, ntokens=int(head[0]), nsentences=int(head[1]),
+                         lr=self.objs.schedule.lr(update), flags=LoopFlags.from_sums(head[2:].tolist()))
+        for g in self.objs.optimizer.param_groups:
+            g["lr"] = out.lr
+        try:
+            sums = self._backward(batches, scale=self.info.world_size / max(out.ntokens, 1))
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is handled; anything else re-raised
+            if not is_oom(e):
+                raise
+            return self._skip_oom(batches, out.flags)
+        D.all_reduce_sum(sums, self.info)
+        out.loss_sum, out.nll_sum = float(sums[0]), float(sums[1])
+        self._apply(out, update)
+        return out
+
+    def _backward(self, batches: list, scale: float) -> torch.Tensor:
+        """Accumulate d(loss_sum * scale) over the micro-batches; -> [loss sum, nll sum] (float64)."""
+        loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
+        nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i, b in enumerate(batches):
+            b = b.to(self.device, non_blocking=True)
+            last = i == len(batches) - 1
+            sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
+            with sync:
+                with autocast(self.device, self.amp_dtype):
+                    logits = self.forward_model(b.src_tokens, b.prev_output_tokens)  # (B, T, V)
+                loss, nll, _ = label_smoothed_cross_entropy(logits, b.target, self.epsilon)
+                del logits
+                self.objs.scaler.scale(loss * scale).backward()
+            loss_acc += loss.detach().double()
+            nll_acc += nll.detach().double()
+        return torch.stack([loss_acc, nll_acc])
+
+    def _apply(self, out: StepResult, update: int) -> None:
+        """Norm, skip or clip, optimizer step, EMA; fills out.gnorm, out.applied, out.skip."""
+        objs, scaler = self.objs, self.objs.scaler
+        if scaler.is_enabled():
+            scaler.unscale_(objs.optimizer)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        gnorm_t = total_norm(grads)
+        out.gnorm = float(gnorm_t)
+        finite = math.isfinite(out.gnorm) and math.isfinite(out.loss_sum)
+        if finite and self.clip_norm > 0:
+            coef = torch.clamp(self.clip_norm / (gnorm_t + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        if scaler.is_enabled():
+            scaler.step(objs.optimizer)  # skipped by the scaler itself on inf/NaN gradients
+            scaler.update()
+            out.applied, out.skip = finite, None if finite else "fp16_overflow"
+            if not finite and scaler.get_scale() < MIN_LOSS_SCALE:
+                raise TrainingStopped(
+                    f"fp16 loss scale fell below {MIN_LOSS_SCALE} at update {update}: the "
+                    "loss keeps overflowing or is NaN; try --precision bf16/fp32 or a lower --lr"
+                )
+        elif finite:
+            objs.optimizer.step()
+            out.applied = True
+        else:
+            out.skip = "nan"
+        objs.optimizer.zero_grad(set_to_none=True)
+        if out.applied and objs.ema is not None:
+            objs.ema.update(objs.model)
+
+    def _skip_oom(self, batches: list, flags: LoopFlags) -> StepResult:
+        shapes = ", ".join(f"{b.nsentences}x{b.src_tokens.shape[1]}/{b.target.shape[1]}" for b in batches)
+        if self.info.enabled:
+            raise UserError(
+                f"out of memory on rank {self.info.rank} (batches sentences x src/tgt length: {shapes}); with "
+                "several processes a batch cannot be skipped safely: lower --max-tokens and resume"
+            ) from None
+        self.objs.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return StepResult(applied=False, ntokens=0, nsentences=0, lr=0.0, flags=flags, skip="oom", shapes=shapes)

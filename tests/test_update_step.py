@@ -1,0 +1,496 @@
+"""The training update step, pinned against independent references (issue 22).
+
+Why: the trainer's update (micro-batch accumulation, loss normalization, learning rate, clipping,
+loss scaling, NaN skipping, EMA) can be subtly wrong while the loss still falls. Each test here
+computes what the update must be by other means: the label-smoothed loss by the textbook formula
+on a float64 copy of the model and the whole update's pairs collated as ONE batch, the schedules
+and Adam's first step and the EMA by hand, the logged figures from the logits the model produced.
+The optimizer's gradients and learning rate are read by a global optimizer step pre-hook, i.e. at
+the moment they are applied, whatever code path produced them.
+
+Only `new_trainer` / `step` / `batches_of` know how the tests reach the trainer's internals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from nmtkit import checkpoints as ck
+from nmtkit.data.batching import collate
+from nmtkit.errors import UserError
+from nmtkit.training import trainer as T
+from nmtkit.training.config import TrainConfig
+from nmtkit.training.report import read_log
+
+REPO = Path(__file__).resolve().parents[1]
+PAD, BOS, EOS = 0, 1, 2
+EPS_LS = 0.1  # transformer_tiny's label smoothing
+NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """200 pairs of a word-mapping task (wK -> WK), joint dictionary, no subwords."""
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(20)]
+    for split, n in (("train", 200), ("valid", 12)):
+        src, tgt = [], []
+        for _ in range(n):
+            s = [rng.choice(words) for _ in range(rng.randint(2, 10))]
+            src.append(" ".join(s))
+            tgt.append(" ".join(w.upper() for w in s))
+        (root / f"{split}.de").write_text("\n".join(src) + "\n")
+        (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
+    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
+                                validpref=[str(root / "valid")], destdir=str(root / "bin"), bpe="none",
+                                joined_dictionary=True))
+    return root / "bin"
+
+
+def config(data_dir, save_dir, **kw) -> TrainConfig:
+    base = dict(data_dir=str(data_dir), save_dir=str(save_dir), arch="transformer_tiny", max_tokens=128,
+                lr_scheduler="inverse_sqrt", lr=3e-3, warmup_updates=5, log_interval=1, progress_bar=False,
+                threads=1, no_epoch_checkpoints=True, no_validate=True, arch_overrides=dict(NO_DROPOUT),
+                device="cpu")  # the references below are CPU float64; CUDA pads batches to multiples of 8
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ----------------------------------------------------------------------------------------------
+# how the tests reach the step (the only trainer internals used)
+
+
+def new_trainer(data_dir, save_dir, **kw) -> T.Trainer:
+    """A Trainer built (seeded weights, optimizer, schedule) and ready to make single updates."""
+    t = T.Trainer(config(data_dir, save_dir, **kw))
+    t._build()
+    t._make_iterators()
+    t._prepare_run()
+    return t
+
+
+def step(t: T.Trainer, batches: list):
+    """One update over `batches` (this process's micro-batches); returns the step's result."""
+    return t._train_step(batches)
+
+
+def batches_of(t: T.Trainer, first: int, k: int) -> list:
+    """Epoch 1's batches first .. first+k-1, collated."""
+    return [collate(t.train_src, t.train_tgt, idx) for idx in t.train_batches.batches(1)[first:first + k]]
+
+
+# ----------------------------------------------------------------------------------------------
+# independent references
+
+
+def hand_loss(logits: torch.Tensor, target: torch.Tensor, eps: float):
+    """(smoothed loss sum, nll sum, non-pad tokens) by the textbook formula, in logits' dtype.
+
+    q puts 1 - eps on the gold token and eps / (V - 1) on every other one; loss_t = -sum_v q_v log p_v.
+    logits: (B, T, V); target: (B, T).
+    """
+    vocab = logits.size(-1)
+    lp = torch.log_softmax(logits, dim=-1)  # (B, T, V)
+    q = torch.full_like(lp, eps / (vocab - 1))
+    q.scatter_(-1, target.unsqueeze(-1), 1.0 - eps)
+    per_token = -(q * lp).sum(-1)  # (B, T)
+    nll = -lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    keep = target != PAD
+    return (per_token * keep).sum(), (nll * keep).sum(), int(keep.sum())
+
+
+def one_batch(t: T.Trainer, batches: list):
+    """All pairs of `batches` collated as one batch (re-padded to the longest pair)."""
+    return collate(t.train_src, t.train_tgt, np.concatenate([b.indices for b in batches]))
+
+
+def reference(model: torch.nn.Module, whole) -> dict:
+    """Gradients of (hand loss sum over all target tokens) / (non-pad target tokens), in float64."""
+    ref = copy.deepcopy(model).double().train()
+    ref.zero_grad(set_to_none=True)
+    loss, nll, n = hand_loss(ref(whole.src_tokens, whole.prev_output_tokens), whole.target, EPS_LS)
+    (loss / n).backward()
+    loss, nll = loss.detach(), nll.detach()
+    grads = {name: p.grad.detach().clone() for name, p in ref.named_parameters()}
+    norm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+    return {"grads": grads, "loss": float(loss), "nll": float(nll), "ntokens": n, "norm": norm}
+
+
+@contextlib.contextmanager
+def applied_steps(model: torch.nn.Module | None = None):
+    """Record, at every optimizer step (before it runs), its lr and the gradients it applies.
+
+    Each record: {"lr": float, "grads": {name: tensor}} (names from `model`, else positions).
+    """
+    seen: list[dict] = []
+    names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+
+    def hook(opt, args, kwargs):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        seen.append({"lr": opt.param_groups[0]["lr"],
+                     "grads": {names.get(id(p), i): p.grad.detach().clone() for i, p in enumerate(params)
+                               if p.grad is not None}})
+
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def params_of(model: torch.nn.Module) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def rel_err(a: dict, b: dict) -> float:
+    """||a - b|| / ||b|| over all tensors together (a compared in b's dtype)."""
+    assert a.keys() == b.keys()
+    num = sum(float(((a[k].to(b[k].dtype) - b[k]) ** 2).sum()) for k in b)
+    den = sum(float((b[k] ** 2).sum()) for k in b)
+    return math.sqrt(num / den)
+
+
+def global_norm(grads: dict) -> float:
+    return math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+
+
+def noam(u: int, d_model: int, warmup: int, scale: float) -> float:
+    return scale * d_model**-0.5 * min(u**-0.5, u * warmup**-1.5)
+
+
+def inverse_sqrt(u: int, peak: float, warmup: int, init: float) -> float:
+    return init + (peak - init) * u / warmup if u <= warmup else peak * math.sqrt(warmup / u)
+
+
+# ----------------------------------------------------------------------------------------------
+# accumulation and normalization
+
+
+def test_accumulated_gradients_equal_the_whole_update_reference(data_dir, tmp_path):
+    """--update-freq 3: the applied gradient is d(loss of all 3 batches / their target tokens)."""
+    t = new_trainer(data_dir, tmp_path / "r", update_freq=3, adam_eps=1e-8)
+    micro = batches_of(t, 0, 3)
+    assert len({b.ntokens for b in micro}) > 1  # unequal micro-batches: per-batch means would differ
+    whole = one_batch(t, micro)
+    ref = reference(t.model, whole)
+    before = params_of(t.model)
+    with applied_steps(t.model) as seen:
+        out = step(t, micro)
+    assert len(seen) == 1 and out.applied
+    g = seen[0]["grads"]
+    assert rel_err(g, ref["grads"]) < 1e-5
+    for name in ref["grads"]:
+        assert torch.allclose(g[name].double(), ref["grads"][name], rtol=1e-4, atol=1e-7), name
+    # the figures of the update: token and sentence counts, loss sums (nats), gradient norm, lr
+    assert out.ntokens == ref["ntokens"] == sum(b.ntokens for b in micro)
+    assert out.nsentences == whole.nsentences
+    assert out.loss_sum == pytest.approx(ref["loss"], rel=1e-5)
+    assert out.nll_sum == pytest.approx(ref["nll"], rel=1e-5)
+    assert out.gnorm == pytest.approx(ref["norm"], rel=1e-5)
+    lr = inverse_sqrt(1, 3e-3, 5, 0.0)
+    assert out.lr == pytest.approx(lr, rel=1e-12) and seen[0]["lr"] == pytest.approx(lr, rel=1e-12)
+    # Adam's first step by hand (bias-corrected m = g, v = g^2): p - lr * g / (|g| + eps)
+    for name, p in t.model.named_parameters():
+        gi = g[name]
+        expect = before[name] - lr * gi / (gi.abs() + 1e-8)
+        assert torch.allclose(p.detach(), expect, rtol=0, atol=3e-7), name  # lr = 6e-4: a wrong lr is off by far more
+    assert t.state.update == 1
+
+
+def test_one_batch_equals_its_split_into_micro_batches(data_dir, tmp_path):
+    a = new_trainer(data_dir, tmp_path / "a", update_freq=1)
+    b = new_trainer(data_dir, tmp_path / "b", update_freq=3)
+    for k, v in params_of(a.model).items():  # the same seeded initial weights
+        assert torch.equal(v, b.model.state_dict()[k])
+    micro = batches_of(b, 3, 3)
+    with applied_steps(a.model) as sa:
+        oa = step(a, [one_batch(a, micro)])
+    with applied_steps(b.model) as sb:
+        ob = step(b, micro)
+    assert rel_err(sb[0]["grads"], sa[0]["grads"]) < 1e-5
+    assert (oa.ntokens, oa.nsentences) == (ob.ntokens, ob.nsentences)
+    assert ob.loss_sum == pytest.approx(oa.loss_sum, rel=1e-6)
+    assert ob.nll_sum == pytest.approx(oa.nll_sum, rel=1e-6)
+    assert ob.gnorm == pytest.approx(oa.gnorm, rel=1e-5)
+
+
+def test_two_processes_accumulating_2_equal_one_accumulating_4(data_dir, tmp_path):
+    """2 gloo processes x --update-freq 2 (DDP must sync on the last micro-batch only) make the
+    updates of one process with --update-freq 4 (dropout off): same token counts, losses, weights
+    to float tolerance. The two ranks are started directly with torchrun's variables (faster)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [sys.executable, "-m", "nmtkit", "train", str(data_dir), "--save-dir", str(tmp_path / "ddp"),
+            "--update-freq", "2", "--arch", "transformer_tiny", "--dropout", "0", "--max-tokens", "128",
+            "--lr-scheduler", "inverse_sqrt", "--lr", "3e-3", "--warmup-updates", "5", "--max-update", "2",
+            "--threads", "1", "--device", "cpu", "--no-progress-bar", "--log-interval", "1", "--no-validate",
+            "--no-epoch-checkpoints"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-3000:] for o in outs]
+    one = T.train(config(data_dir, tmp_path / "one", update_freq=4, max_update=2))
+    ddp_log = [r for r in read_log(tmp_path / "ddp" / "train_log.jsonl") if r["type"] == "train"]
+    one_log = [r for r in read_log(tmp_path / "one" / "train_log.jsonl") if r["type"] == "train"]
+    assert [r["tgt_tokens"] for r in ddp_log] == [r["tgt_tokens"] for r in one_log]
+    assert [r["loss"] for r in ddp_log] == pytest.approx(one.losses, rel=1e-6)
+    assert [r["gnorm"] for r in ddp_log] == pytest.approx([r["gnorm"] for r in one_log], rel=1e-5)
+    a = ck.load_checkpoint(tmp_path / "ddp" / "checkpoint_last.pt")["model"]
+    b = ck.load_checkpoint(tmp_path / "one" / "checkpoint_last.pt")["model"]
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), k
+
+
+# ----------------------------------------------------------------------------------------------
+# learning rate
+
+
+def test_learning_rate_of_each_update_follows_the_formulas_also_after_resume(data_dir, tmp_path):
+    # noam: lr_scale 2, d_model 64 (transformer_tiny), warmup 3; updates 1..3, then resumed 4..5
+    kw = dict(lr_scheduler="noam", lr_scale=2.0, warmup_updates=3)
+    with applied_steps() as seen:
+        T.train(config(data_dir, tmp_path / "n", max_update=3, **kw))
+    with applied_steps() as resumed:
+        T.train(config(data_dir, tmp_path / "n", max_update=5, **kw))
+    assert ck.load_checkpoint(tmp_path / "n" / "checkpoint_last.pt")["arch_config"]["d_model"] == 64
+    lrs = [s["lr"] for s in seen + resumed]
+    assert lrs == pytest.approx([noam(u, 64, 3, 2.0) for u in range(1, 6)], rel=1e-12)
+    assert lrs[0] == pytest.approx(2 * 64**-0.5 * 3**-1.5)  # u = 1: the first update is not wasted
+    logged = [r["lr"] for r in read_log(tmp_path / "n" / "train_log.jsonl") if r["type"] == "train"]
+    assert logged == pytest.approx(lrs, rel=1e-12)
+    # inverse_sqrt: linear warmup from warmup_init_lr to the peak over 3 updates, then peak * sqrt(3/u)
+    kw = dict(lr_scheduler="inverse_sqrt", lr=2e-3, warmup_init_lr=1e-4, warmup_updates=3)
+    with applied_steps() as seen:
+        T.train(config(data_dir, tmp_path / "i", max_update=5, **kw))
+    assert [s["lr"] for s in seen] == pytest.approx([inverse_sqrt(u, 2e-3, 3, 1e-4) for u in range(1, 6)],
+                                                    rel=1e-12)
+    assert seen[2]["lr"] == pytest.approx(2e-3) and seen[0]["lr"] == pytest.approx(1e-4 + 1.9e-3 / 3)
+
+
+# ----------------------------------------------------------------------------------------------
+# clipping
+
+
+@pytest.mark.parametrize("clip", [0.05, 1e6, 0.0])
+def test_clip_norm_scales_the_gradient_to_min_of_norm_and_c(data_dir, tmp_path, clip):
+    t = new_trainer(data_dir, tmp_path / "c", update_freq=2, clip_norm=clip)
+    micro = batches_of(t, 0, 2)
+    ref = reference(t.model, one_batch(t, micro))
+    with applied_steps(t.model) as seen:
+        out = step(t, micro)
+    g = seen[0]["grads"]
+    norm = ref["norm"]
+    assert out.gnorm == pytest.approx(norm, rel=1e-5)  # the norm before clipping is reported
+    if clip:
+        assert norm > 20 * 0.05  # so that 0.05 really clips and 1e6 really does not
+    target = min(norm, clip) if clip else norm
+    assert global_norm(g) == pytest.approx(target, rel=1e-5)
+    # same direction: g = ref * (target / norm)
+    scaled = {k: v * (target / norm) for k, v in ref["grads"].items()}
+    assert rel_err(g, scaled) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# NaN / inf
+
+
+@contextlib.contextmanager
+def poisoned(model: torch.nn.Module, value: float = float("nan")):
+    """While active, the model's logits are multiplied by `value` (NaN or inf)."""
+    handle = model.register_forward_hook(lambda mod, inputs, output: output * value)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def test_nan_update_is_not_applied_and_counted(data_dir, tmp_path):
+    t = new_trainer(data_dir, tmp_path / "n", ema_decay=0.5, max_nan_skips=5)
+    assert step(t, batches_of(t, 0, 1)).applied
+    w1, ema1 = params_of(t.model), params_of(t.ema.model)
+    opt1 = copy.deepcopy(t.optimizer.state_dict()["state"])
+    for k in (1, 2):
+        with poisoned(t.model), applied_steps() as seen:
+            out = step(t, batches_of(t, k, 1))
+        assert not out.applied and out.skip == "nan" and not seen
+        assert (t.state.update, t.state.nan_skips, t.state.consecutive_nan) == (1, k, k)
+        for name, p in t.model.named_parameters():
+            assert torch.equal(p, w1[name]), name
+        for name, p in t.ema.model.named_parameters():
+            assert torch.equal(p, ema1[name]), name
+        opt = t.optimizer.state_dict()["state"]
+        assert all(torch.equal(opt[i][key], opt1[i][key]) for i in opt1 for key in opt1[i])
+        assert all(p.grad is None or not p.grad.abs().sum() for p in t.model.parameters())
+    # an applied update resets the run of NaNs; its gradient holds nothing of the skipped ones
+    micro = batches_of(t, 3, 1)
+    ref = reference(t.model, one_batch(t, micro))
+    with applied_steps(t.model) as seen:
+        out = step(t, micro)
+    assert out.applied and rel_err(seen[0]["grads"], ref["grads"]) < 1e-5
+    assert (t.state.update, t.state.nan_skips, t.state.consecutive_nan) == (2, 2, 0)
+
+
+@pytest.fixture
+def poison_calls(monkeypatch):
+    """poison_calls({i, ...}): the i-th (1-based) training forward pass returns NaN logits."""
+    from nmtkit.models.transformer import Transformer
+
+    real = Transformer.forward
+    bad: set[int] = set()
+    calls = {"n": 0}
+
+    def forward(self, *a, **k):
+        out = real(self, *a, **k)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] in bad:
+                out = out * float("nan")
+        return out
+
+    monkeypatch.setattr(Transformer, "forward", forward)
+
+    def set_bad(which):
+        bad.clear()
+        bad.update(which)
+        calls["n"] = 0
+
+    return set_bad
+
+
+def test_nan_skips_in_the_loop_advance_the_data_and_stop_after_max_nan_skips(data_dir, tmp_path, poison_calls):
+    # calls 2, 4, 5 are NaN: never 3 in a row (the applied update 3 resets the count), so no stop
+    poison_calls({2, 4, 5})
+    res = T.train(config(data_dir, tmp_path / "m", max_update=4, max_nan_skips=3))
+    assert res.reason == "max_update" and res.update == 4 and res.nan_skips == 3
+    state = ck.load_checkpoint(tmp_path / "m" / "checkpoint_last.pt")
+    pos = state["train"]["data_position"]
+    assert (pos["epoch"], pos["batch_offset"]) == (1, 7)  # 4 applied + 3 skipped batches consumed
+    assert state["train"]["counters"]["nan_skips"] == 3
+    skips = [r for r in read_log(tmp_path / "m" / "train_log.jsonl") if r["type"] == "skip"]
+    assert [(s["reason"], s["update"], s["nan_skips"]) for s in skips] == [("nan", 1, 1), ("nan", 2, 2),
+                                                                           ("nan", 2, 3)]
+    # every call NaN from now on: 3 in a row stop training with the message; checkpoint_last unchanged
+    poison_calls(set(range(1, 100)))
+    before = (tmp_path / "m" / "checkpoint_last.pt").read_bytes()
+    with pytest.raises(UserError) as e:
+        T.train(config(data_dir, tmp_path / "m", max_update=10, max_nan_skips=3))
+    assert str(e.value) == ("3 updates in a row had a NaN/inf loss or gradient (--max-nan-skips 3); training "
+                            "stopped at update 4 (checkpoint_last.pt was left as it was)")
+    assert (tmp_path / "m" / "checkpoint_last.pt").read_bytes() == before
+    end = read_log(tmp_path / "m" / "train_log.jsonl")[-1]
+    assert end["type"] == "end" and end["reason"] == "failed"
+
+
+# ----------------------------------------------------------------------------------------------
+# EMA
+
+
+def test_ema_after_each_update_is_decay_times_old_plus_rest_times_new(data_dir, tmp_path):
+    d = 0.75
+    t = new_trainer(data_dir, tmp_path / "e", ema_decay=d, lr=2e-2)
+    for k in range(3):
+        old = params_of(t.ema.model)
+        assert step(t, batches_of(t, k, 1)).applied
+        new = params_of(t.model)
+        for name, e in t.ema.model.named_parameters():
+            assert torch.allclose(e, d * old[name] + (1 - d) * new[name], rtol=0, atol=1e-6), name
+        if k == 0:  # the raw weights moved away from the average (the check above is not trivial)
+            assert any(not torch.allclose(new[n], params_of(t.ema.model)[n]) for n in new)
+
+
+# ----------------------------------------------------------------------------------------------
+# what is logged
+
+
+def test_logged_loss_and_nll_are_the_reference_sums_over_tokens_in_bits(data_dir, tmp_path, monkeypatch):
+    """Every training forward's logits are recorded; the log's loss/nll of each interval (2 updates
+    of 2 micro-batches) is the hand loss summed over them / their target tokens / ln 2."""
+    from nmtkit.models.transformer import Transformer
+
+    real = Transformer.forward
+    seen: list[tuple] = []
+
+    def forward(self, src_tokens, prev_output_tokens):
+        out = real(self, src_tokens, prev_output_tokens)
+        if self.training:
+            # the target is the decoder input shifted left, with </s> after the last real token
+            b = prev_output_tokens.size(0)
+            target = torch.cat([prev_output_tokens[:, 1:], torch.full((b, 1), PAD)], 1)  # (B, T)
+            target[torch.arange(b), (prev_output_tokens != PAD).sum(1) - 1] = EOS
+            seen.append(hand_loss(out.detach().double(), target, EPS_LS))
+        return out
+
+    monkeypatch.setattr(Transformer, "forward", forward)
+    res = T.train(config(data_dir, tmp_path / "l", update_freq=2, max_update=4, log_interval=2))
+    train = [r for r in read_log(tmp_path / "l" / "train_log.jsonl") if r["type"] == "train"]
+    assert [r["update"] for r in train] == [2, 4] and len(seen) == 8
+    for i, rec in enumerate(train):
+        part = seen[4 * i : 4 * i + 4]
+        loss, nll, n = (sum(float(x[j]) for x in part) for j in range(3))
+        assert rec["tgt_tokens"] == n and rec["updates"] == 2
+        assert rec["loss"] == pytest.approx(loss / n / math.log(2), rel=1e-6)
+        assert rec["nll_loss"] == pytest.approx(nll / n / math.log(2), rel=1e-6)
+        assert rec["ppl"] == pytest.approx(2 ** (nll / n / math.log(2)), rel=1e-6)
+    per_update = [sum(float(x[0]) for x in seen[j : j + 2]) / sum(x[2] for x in seen[j : j + 2]) / math.log(2)
+                  for j in range(0, 8, 2)]
+    assert res.losses == pytest.approx(per_update, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# fp16 loss scaling
+
+
+def test_fp16_loss_scaling_applies_unscaled_clipped_gradients_and_skips_overflow(data_dir, tmp_path):
+    try:
+        t = new_trainer(data_dir, tmp_path / "h", precision="fp16", update_freq=2, clip_norm=0.05)
+        with torch.autocast("cpu", dtype=torch.float16):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+    except (RuntimeError, UserError) as e:
+        pytest.skip(f"fp16 autocast with loss scaling cannot run on this CPU: {e}")
+    assert t.scaler.is_enabled() and t.scaler.get_scale() == 2.0**16
+    micro = batches_of(t, 0, 2)
+    ref = reference(t.model, one_batch(t, micro))
+    with applied_steps(t.model) as seen:
+        out = step(t, micro)
+    assert out.applied
+    # the scale (2^16) is divided out before the norm, the clip and the step (fp16 matmuls: 2% here)
+    assert out.gnorm == pytest.approx(ref["norm"], rel=2e-2)
+    assert global_norm(seen[0]["grads"]) == pytest.approx(0.05, rel=1e-5)
+    scaled = {k: v * (0.05 / ref["norm"]) for k, v in ref["grads"].items()}
+    assert rel_err(seen[0]["grads"], scaled) < 5e-2
+    # an overflow: not applied, not a NaN skip, the scale halves
+    w = params_of(t.model)
+    with poisoned(t.model, float("inf")):  # (a fused Adam is still called: it skips the step itself)
+        out = step(t, batches_of(t, 2, 2))
+    assert not out.applied and out.skip == "fp16_overflow"
+    assert (t.state.update, t.state.overflow_skips, t.state.nan_skips) == (1, 1, 0)
+    assert t.scaler.get_scale() == 2.0**15
+    assert all(torch.equal(p, w[n]) for n, p in t.model.named_parameters())
