@@ -18,7 +18,8 @@ import torch
 from nmtkit.data.batching import collate
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.loss import label_smoothed_cross_entropy
-from nmtkit.training.trainer import Trainer, _total_norm
+from nmtkit.training.step import total_norm as _total_norm
+from nmtkit.training.trainer import Trainer
 
 ARCH = dict(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, share_embeddings="all")
 
@@ -37,7 +38,7 @@ def main() -> None:
     t = Trainer(cfg)
     t._build()
     t._make_iterators()
-    t._t_start, t._elapsed_base, t._last_timed_save = time.monotonic(), 0.0, time.monotonic()
+    t._prepare_run()
     batches = t.train_batches.batches(1)[: 2 * a.steps + 2]
     model, opt = t.model, t.optimizer
     phases = dict(collate=0.0, forward=0.0, loss=0.0, backward=0.0, grad_norm=0.0, optimizer=0.0)
