@@ -70,3 +70,26 @@ def run_cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+def word_mapping_data_dir(root: Path, n_train: int, n_valid: int, n_words: int, seed: int) -> Path:
+    """A data dir of a word-mapping task (wK -> WK: learnable by a tiny model in a few updates),
+    joint dictionary, no subwords, train and valid splits; returns root/bin."""
+    import random
+
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(n_words)]
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        src, tgt = [], []
+        for _ in range(n):
+            s = [rng.choice(words) for _ in range(rng.randint(2, 10))]
+            src.append(" ".join(s))
+            tgt.append(" ".join(w.upper() for w in s))
+        (root / f"{split}.de").write_text("\n".join(src) + "\n")
+        (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
+    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
+                                validpref=[str(root / "valid")], destdir=str(root / "bin"), bpe="none",
+                                joined_dictionary=True))
+    return root / "bin"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -20,29 +19,15 @@ from nmtkit.training import trainer as T
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.report import read_log
 
+from conftest import word_mapping_data_dir
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """400 pairs of a word-mapping task (wK -> WK), joint dictionary, no subwords."""
-    from nmtkit.data.preprocess import PreprocessConfig, preprocess
-
-    root = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(0)
-    words = [f"w{i}" for i in range(24)]
-    for split, n in (("train", 400), ("valid", 24)):
-        src, tgt = [], []
-        for _ in range(n):
-            s = [rng.choice(words) for _ in range(rng.randint(2, 10))]
-            src.append(" ".join(s))
-            tgt.append(" ".join(w.upper() for w in s))
-        (root / f"{split}.de").write_text("\n".join(src) + "\n")
-        (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
-    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
-                                validpref=[str(root / "valid")], destdir=str(root / "bin"), bpe="none",
-                                joined_dictionary=True))
-    return root / "bin"
+    return word_mapping_data_dir(tmp_path_factory.mktemp("corpus"), 400, 24, 24, seed=0)
 
 
 def config(data_dir, save_dir, **kw) -> TrainConfig:

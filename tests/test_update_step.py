@@ -17,7 +17,6 @@ import contextlib
 import copy
 import math
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,8 @@ from nmtkit.training import trainer as T
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.report import read_log
 
+from conftest import word_mapping_data_dir
+
 REPO = Path(__file__).resolve().parents[1]
 PAD, BOS, EOS = 0, 1, 2
 EPS_LS = 0.1  # transformer_tiny's label smoothing
@@ -43,23 +44,7 @@ NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """200 pairs of a word-mapping task (wK -> WK), joint dictionary, no subwords."""
-    from nmtkit.data.preprocess import PreprocessConfig, preprocess
-
-    root = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(1)
-    words = [f"w{i}" for i in range(20)]
-    for split, n in (("train", 200), ("valid", 12)):
-        src, tgt = [], []
-        for _ in range(n):
-            s = [rng.choice(words) for _ in range(rng.randint(2, 10))]
-            src.append(" ".join(s))
-            tgt.append(" ".join(w.upper() for w in s))
-        (root / f"{split}.de").write_text("\n".join(src) + "\n")
-        (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
-    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
-                                validpref=[str(root / "valid")], destdir=str(root / "bin"), bpe="none",
-                                joined_dictionary=True))
-    return root / "bin"
+    return word_mapping_data_dir(tmp_path_factory.mktemp("corpus"), 200, 12, 20, seed=1)
 
 
 def config(data_dir, save_dir, **kw) -> TrainConfig:
