@@ -51,14 +51,14 @@ MODULES: dict[str, Module] = {
     "ema": Module(("nmtkit/training/ema.py",), ("tests/test_ema.py",)),
     "search": Module(("nmtkit/generation/search.py",), ("tests/test_search.py",)),
     "generation-batching": Module(
-        ("nmtkit/generation/generator.py",), ("tests/test_generate.py",),
-        ("*.x_chunks__*", "*.x_make_batches__*", "*.x_collate_source__*", "*.x_translate_items__*",
+        ("nmtkit/generation/translator.py", "nmtkit/generation/generator.py"),
+        ("tests/test_generate.py", "tests/test_translator.py"),
+        ("*.x_chunks__*", "*.x_make_batches__*", "*.x_collate_source__*", "*.xǁTranslatorǁtranslate_items__*",
          "*.xǁTruncationsǁ*"),
-        "batching of sentences for generate, not the whole generator"),
+        "batching of sentences for generate and the Translator, not the whole driver"),
     "trainer-step": Module(
-        ("nmtkit/training/trainer.py",), ("tests/test_train.py",),
-        ("*.xǁTrainerǁ_train_step__*", "*.x_total_norm__*"),
-        "the update step only (Trainer._train_step, _total_norm)"),
+        ("nmtkit/training/step.py",), ("tests/test_update_step.py", "tests/test_train.py"), (),
+        "the update step (training/step.py: UpdateStep, total_norm)"),
     "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py",)),
     "dictionary": Module(("nmtkit/data/dictionary.py",), ("tests/test_dictionary.py",)),
     "shards": Module(("nmtkit/data/shards.py",), ("tests/test_shards.py",)),
@@ -69,10 +69,13 @@ MODULES: dict[str, Module] = {
     "parseval": Module(("nmtkit/scoring/parseval.py",), ("tests/test_parseval.py",)),
     "linearize": Module(("nmtkit/parsing/linearize.py",), ("tests/test_linearize.py",)),
     "cli-refusals": Module(
-        ("nmtkit/cli/__init__.py", "nmtkit/generation/generator.py"), ("tests/test_cli.py", "tests/test_generate.py"),
+        ("nmtkit/cli/__init__.py", "nmtkit/generation/generator.py", "nmtkit/generation/search.py",
+         "nmtkit/training/config.py"),
+        ("tests/test_cli.py", "tests/test_flags.py", "tests/test_generate.py", "tests/test_search.py",
+         "tests/test_train.py"),
         ("nmtkit.cli.x_main__*", "nmtkit.cli.x_error_line__*", "*.xǁGenerateOptionsǁvalidate__*",
-         "*.x_check_search_flags__*", "*.x_check_output_path__*"),
-        "the exit-2 paths: cli.main's error handling and generate's flag/path checks"),
+         "*.xǁSearchConfigǁ__post_init____*", "*.xǁTrainConfigǁvalidate__*", "*.x_check_output_path__*"),
+        "the exit-2 paths: cli.main's error handling, the configs' flag rules, generate's path checks"),
 }
 
 COLUMNS = ("generated", "killed", "survived", "timeout", "no tests", "other", "equivalent", "score")
