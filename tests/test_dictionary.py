@@ -100,3 +100,84 @@ def test_load_rejects_malformed_lines_naming_file_and_line(tmp_path, content, li
 def test_load_missing_file(tmp_path):
     with pytest.raises(UserError, match="dictionary not found"):
         Dictionary.load(tmp_path / "nope.txt")
+
+
+# ---- behaviour pinned down by the mutation benchmark (recipes/bench/mutation.sh dictionary) ----
+
+
+def test_membership_equality_and_special_counts():
+    d = Dictionary.from_counts(COUNTS)
+    assert d.counts[:4] == [0, 0, 0, 0]  # specials carry no count (they are not in the file)
+    assert "a" in d and "<pad>" in d and "zzz" not in d
+    same = Dictionary.from_counts(COUNTS)
+    assert d == same and not (d != same)
+    # equal symbols, other counts / equal counts, other symbols / not a Dictionary: all unequal
+    assert d != Dictionary.from_counts({**COUNTS, "d": 2, "e": 2})  # e, d tie -> d first: other symbols
+    other_counts = Dictionary.from_counts(COUNTS)
+    other_counts.counts[4] += 1
+    assert d != other_counts
+    renamed = Dictionary.from_counts({"b": 3, "a": 3, "f": 5, "d": 1, "e": 2})
+    assert renamed.counts == d.counts and d != renamed
+    assert d != "c a b e d" and d != object()
+
+
+def test_add_symbol_appends_or_adds_to_the_count():
+    d = Dictionary()
+    assert d.add_symbol("x") == 4 and d.counts[4] == 0  # default count 0
+    assert d.add_symbol("y", 5) == 5
+    assert d.add_symbol("y", 2) == 5 and d.add_symbol("y") == 5  # existing: same id, count added
+    assert d.symbols == ["<pad>", "<s>", "</s>", "<unk>", "x", "y"] and d.counts[4:] == [0, 7]
+
+
+def test_from_counts_takes_pairs_merges_repeats_and_keeps_zero_counts():
+    d = Dictionary.from_counts([("a", 1), ("b", 2), ("a", 2), ("z", 0)])  # a: 1 + 2 = 3
+    assert d.symbols[4:] == ["a", "b", "z"] and d.counts[4:] == [3, 2, 0]
+    # threshold defaults to 0: a count-0 token is kept (fairseq's finalize keeps everything then)
+    assert Dictionary.from_counts({"z": 0}).symbols[4:] == ["z"]
+    with pytest.raises(ValueError, match=r"^pad_to_multiple must be >= 1, got 0$"):
+        Dictionary.from_counts(COUNTS, pad_to_multiple=0)
+
+
+@pytest.mark.parametrize("nwords, expect", [(0, "cabed"), (-1, "cabed"), (1, ""), (4, ""), (5, "c"), (9, "cabed")])
+def test_nwords_limit_includes_the_specials(nwords, expect):
+    # <= 0: no limit; otherwise at most nwords symbols including the 4 specials (never fewer than them)
+    assert Dictionary.from_counts(COUNTS, nwords=nwords).symbols[4:] == list(expect)
+
+
+def test_pad_to_multiple_two_and_one():
+    assert len(Dictionary.from_counts(COUNTS, pad_to_multiple=2)) == 10  # 9 -> 10
+    assert Dictionary.from_counts(COUNTS, pad_to_multiple=2).symbols[9:] == ["madeupword0000"]
+    assert len(Dictionary.from_counts(COUNTS, pad_to_multiple=1)) == 9
+
+
+def test_load_token_with_a_space_splits_at_the_last_one(tmp_path):
+    # fairseq reads `line.rsplit(" ", 1)`: everything before the last space is the token
+    p = tmp_path / "d.txt"
+    p.write_text("a b 3\n", encoding="utf-8")
+    d = Dictionary.load(p)
+    assert d.symbols[4:] == ["a b"] and d.counts[4:] == [3]
+
+
+def test_load_exact_messages(tmp_path):
+    p = tmp_path / "dict.txt"
+    p.write_bytes(b"a 3\n\xff 2\n")
+    with pytest.raises(UserError) as e:
+        Dictionary.load(p)
+    assert str(e.value) == f"{p}: invalid UTF-8 at byte 4"
+    p.write_text(" 3\n", encoding="utf-8")  # empty token
+    with pytest.raises(UserError) as e:
+        Dictionary.load(p)
+    assert str(e.value) == f"{p}:1: malformed dictionary line ' 3' (expected 'token count')"
+    long = "x" * 70 + " y"
+    p.write_text(long + "\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        Dictionary.load(p)
+    assert str(e.value) == f"{p}:1: malformed dictionary line {'x' * 60!r} (expected 'token count')"
+    p.write_text("a 3\n</s> 1\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        Dictionary.load(p)
+    assert str(e.value) == f"{p}:2: special symbol '</s>' (specials are implied, not listed)"
+    p.write_text("a 3\nb 2\na 1\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        Dictionary.load(p)
+    assert str(e.value) == f"{p}:3: duplicate token 'a' (specials are implied, not listed)"
