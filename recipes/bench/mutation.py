@@ -62,10 +62,10 @@ MODULES: dict[str, Module] = {
     "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py",)),
     "dictionary": Module(("nmtkit/data/dictionary.py",), ("tests/test_dictionary.py",)),
     "shards": Module(("nmtkit/data/shards.py",), ("tests/test_shards.py",)),
-    "subwords": Module(("nmtkit/data/subwords.py",), ("tests/test_preprocess.py",)),
+    "subwords": Module(("nmtkit/data/subwords.py",), ("tests/test_preprocess.py", "tests/test_subwords.py")),
     "checkpoints": Module(("nmtkit/checkpoints.py",),
                           ("tests/test_checkpoints.py", "tests/test_average_checkpoints_cli.py")),
-    "bleu": Module(("nmtkit/scoring/bleu.py",), ("tests/test_score.py",)),
+    "bleu": Module(("nmtkit/scoring/bleu.py",), ("tests/test_score.py", "tests/test_bleu_unit.py")),
     "parseval": Module(("nmtkit/scoring/parseval.py",), ("tests/test_parseval.py",)),
     "linearize": Module(("nmtkit/parsing/linearize.py",), ("tests/test_linearize.py",)),
     "cli-refusals": Module(

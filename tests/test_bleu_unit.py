@@ -1,0 +1,206 @@
+"""nmtkit.scoring.bleu as a library: every metric against sacreBLEU called directly, the printed
+lines and JSON fields written out by hand, and each refusal with its exact message.
+
+(tests/test_score.py covers the CLI, tok-bleu's multi-bleu.perl rules and the WMT17 outputs.)
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from importlib.metadata import version
+
+import pytest
+import sacrebleu
+from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.significance import PairedTest
+
+from nmtkit.errors import UserError
+from nmtkit.scoring import bleu as B
+from nmtkit.scoring.bleu import (
+    TRANSLATION_METRICS,
+    MetricScore,
+    PairedScore,
+    TranslationOptions,
+    score_translation,
+)
+
+HYPS = ["The cat sat on the mat .", "A dog barked loudly", "It rains"]
+REFS = ["The cat sat on a mat .", "The dog barked loudly", "It is raining"]
+REFS2 = ["A cat was sitting on the mat .", "A dog barked", "It rains"]
+
+
+def _one(key, hyps=HYPS, refs=(REFS,), opts=TranslationOptions()):
+    (s,) = score_translation(hyps, [list(r) for r in refs], [key], opts)
+    return s
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_bleu_chrf_ter_are_sacrebleu_objects_with_their_details(lowercase):
+    hyps = [h.upper() for h in HYPS] if lowercase else HYPS
+    opts = TranslationOptions(lowercase=lowercase)
+    refs = [REFS, REFS2]
+    metric = BLEU(lowercase=lowercase)
+    ref = metric.corpus_score(hyps, refs)
+    s = _one("bleu", hyps, refs, opts)
+    assert (s.metric, s.name, s.score, s.lines) == ("bleu", "BLEU", ref.score, 3)
+    assert s.signature == metric.get_signature().format() and s.verbose == ref._verbose
+    assert s.details == {"counts": list(ref.counts), "totals": list(ref.totals),
+                         "precisions": list(ref.precisions), "bp": ref.bp,
+                         "sys_len": ref.sys_len, "ref_len": ref.ref_len}
+    assert s.compound_split is False and s.ci_mean is None and s.ci_halfwidth is None
+    for key, m, name, nw in (("chrf", CHRF(lowercase=lowercase), "chrF2", 0),
+                             ("chrf++", CHRF(word_order=2, lowercase=lowercase), "chrF2++", 2)):
+        s = _one(key, hyps, refs, opts)
+        assert (s.metric, s.name, s.score) == (key, name, m.corpus_score(hyps, refs).score)
+        assert s.signature == m.get_signature().format() and s.verbose == ""
+        assert s.details == {"char_order": 6, "word_order": nw, "beta": 2} and s.compound_split is None
+    t = TER()  # always sacreBLEU's defaults, case-insensitive like tercom, whatever --lowercase says
+    tref = t.corpus_score(hyps, refs)
+    s = _one("ter", hyps, refs, opts)
+    assert (s.metric, s.name, s.score, s.signature) == ("ter", "TER", tref.score, t.get_signature().format())
+    assert s.details == {"num_edits": tref.num_edits, "ref_length": tref.ref_length} and s.compound_split is None
+
+
+def test_bleu_tokenizer_is_passed_and_checked():
+    ref = BLEU(tokenize="char")
+    s = _one("bleu", opts=TranslationOptions(tokenize="char"))
+    assert s.score == ref.corpus_score(HYPS, [REFS]).score and "tok:char" in s.signature
+    assert B.sacrebleu_tokenizers() == list(BLEU.TOKENIZERS)
+    with pytest.raises(UserError) as e:
+        _one("bleu", opts=TranslationOptions(tokenize="moses"))
+    assert str(e.value) == (f"--tokenize: unknown sacreBLEU tokenizer 'moses' "
+                            f"(choose from {', '.join(BLEU.TOKENIZERS)})")
+
+
+def test_confidence_interval_is_sacrebleus_bootstrap():
+    s = _one("bleu", opts=TranslationOptions(confidence_n=30))
+    ref = BLEU().corpus_score(HYPS, [REFS], n_bootstrap=30)  # same SACREBLEU_SEED: same resamples
+    assert (s.score, s.ci_mean, s.ci_halfwidth) == (ref.score, ref._mean, ref._ci)
+    assert "bs:30" in s.signature
+    for n in (0, 1):  # <= 1 resample: no interval
+        s = _one("bleu", opts=TranslationOptions(confidence_n=n))
+        assert s.ci_mean is None and s.ci_halfwidth is None and "bs:" not in s.signature
+
+
+def test_format_line_and_to_dict_by_hand():
+    s = MetricScore("bleu", "BLEU", 28.3049, "nrefs:1|tok:13a", 3, verbose="60.0/40.0 (BP = 1.000)",
+                    details={"bp": 1.0}, compound_split=False)
+    assert s.format_line() == "BLEU = 28.30 60.0/40.0 (BP = 1.000) | nrefs:1|tok:13a | compound-split: no | lines: 3"
+    assert s.to_dict() == {"metric": "bleu", "name": "BLEU", "score": 28.3049, "signature": "nrefs:1|tok:13a",
+                           "lines": 3, "compound_split": False, "bp": 1.0}
+    s = MetricScore("tok-bleu", "tok-BLEU", 5.0, "sig", 1, compound_split=True, ci_mean=4.996, ci_halfwidth=0.125)
+    assert s.format_line() == "tok-BLEU = 5.00 (μ = 5.00 ± 0.12) | sig | compound-split: yes | lines: 1"
+    assert s.to_dict() == {"metric": "tok-bleu", "name": "tok-BLEU", "score": 5.0, "signature": "sig", "lines": 1,
+                           "compound_split": True, "confidence": {"mean": 4.996, "ci95_halfwidth": 0.125}}
+    s = MetricScore("chrf", "chrF2", 51.0, "sig", 2, details={"beta": 2})
+    assert s.format_line() == "chrF2 = 51.00 | sig | lines: 2"
+    assert s.to_dict() == {"metric": "chrf", "name": "chrF2", "score": 51.0, "signature": "sig", "lines": 2, "beta": 2}
+
+
+def test_paired_score_format_line_and_to_dict_by_hand():
+    p = PairedScore("bleu", "BLEU", 20.0, 20.5, 1.25, 22.0, 21.875, 1.5, 0.0123, "sig")
+    assert p.format_line() == ("BLEU: system 22.00 (μ = 21.88 ± 1.50) vs baseline 20.00 (μ = 20.50 ± 1.25) | "
+                               "p = 0.0123 (significant at p < 0.05) | sig")
+    assert p.format_line(alpha=0.01).endswith("p = 0.0123 (not significant at p < 0.01) | sig")
+    assert "p = 0.0500 (not significant at p < 0.05)" in PairedScore(
+        "bleu", "BLEU", 1, 1, 1, 1, 1, 1, 0.05, "s").format_line()  # p must be below alpha
+    assert p.to_dict() == {"metric": "bleu", "name": "BLEU",
+                           "system": {"score": 22.0, "mean": 21.875, "ci95_halfwidth": 1.5},
+                           "baseline": {"score": 20.0, "mean": 20.5, "ci95_halfwidth": 1.25},
+                           "p_value": 0.0123, "signature": "sig"}
+
+
+def test_parse_metrics():
+    assert B.parse_metrics(" BLEU, chrf,,bleu ,TER", TRANSLATION_METRICS) == ["bleu", "chrf", "ter"]
+    with pytest.raises(UserError) as e:
+        B.parse_metrics("bleu, Blue ", TRANSLATION_METRICS)
+    assert str(e.value) == "--metric: unknown metric 'Blue' (choose from bleu, chrf, chrf++, ter, tok-bleu)"
+    with pytest.raises(UserError) as e:
+        B.parse_metrics(" , ", ("bleu", "ter"))
+    assert str(e.value) == "--metric: no metric given (choose from bleu, ter)"
+
+
+def test_read_text_check_parallel_and_names(tmp_path, monkeypatch):
+    p = tmp_path / "hyp.txt"
+    p.write_text("a b\n\nc\n", encoding="utf-8")
+    assert B.read_text(p, "--sys") == ["a b", "", "c"]
+    with pytest.raises(UserError) as e:
+        B.read_text(tmp_path, "--ref")
+    assert str(e.value) == f"--ref: {tmp_path}: file a directory"
+    with pytest.raises(UserError) as e:
+        B.read_text(tmp_path / "no.txt", "--ref")
+    assert str(e.value) == f"--ref: {tmp_path / 'no.txt'}: file not found"
+    (tmp_path / "e.txt").write_bytes(b"")
+    with pytest.raises(UserError) as e:
+        B.read_text(tmp_path / "e.txt", "--sys")
+    assert str(e.value) == f"--sys: {tmp_path / 'e.txt'} is empty: nothing to score"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\ny\n"), encoding="utf-8"))
+    assert B.read_text("-", "--sys") == ["x", "y"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8"))
+    with pytest.raises(UserError) as e:
+        B.read_text("-", "--sys")
+    assert str(e.value) == "--sys: <stdin> is empty: nothing to score"
+    assert B.display_name("-") == "<stdin>" and B.display_name(p) == str(p)
+    B.check_parallel(["a", "b"], "h", [["x", "y"], ["z", "w"]], ["r1", "r2"])
+    with pytest.raises(UserError) as e:
+        B.check_parallel(["a", "b"], "h.txt", [["x", "y"], ["z"]], ["r1.txt", "r2.txt"])
+    assert str(e.value) == ("line counts differ: hypotheses h.txt have 2 lines but reference r2.txt has 1 lines; "
+                            "they must be parallel, one segment per line")
+
+
+def test_score_translation_refusals():
+    with pytest.raises(UserError) as e:
+        score_translation([], [[]], ["bleu"])
+    assert str(e.value) == "no hypotheses to score (empty input)"
+    with pytest.raises(UserError) as e:
+        score_translation(HYPS, [REFS], ["bleu", "chrf"], TranslationOptions(compound_split=True))
+    assert str(e.value) == "--compound-split only applies to --metric tok-bleu (Moses-tokenized BLEU)"
+
+
+def test_moses_tokenizer_and_multibleu_preparation():
+    tok = B.MosesTokenizer("en")
+    assert tok.lang == "en" and tok.version == version("sacremoses") == B._sacremoses_version()
+    assert tok('He said "hi", didn\'t he?') == 'He said " hi " , didn \'t he ?'  # no &quot; escaping
+    opts = TranslationOptions(compound_split=True, lowercase=True)
+    # compound split, then ASCII-only lowercasing (of ##AT## too, as multi-bleu -lc), then U+00A0 renamed to U+F00A0 (kept in its token)
+    assert B._multibleu_prepare(["Rich-Text ÜBER\u00a0X"], opts, None) == ["rich ##at##-##at## text Über\U000f00a0x"]
+    assert B._multibleu_prepare(["A-b"], TranslationOptions(), None) == ["A-b"]
+    assert B._multibleu_prepare(["A-b,c"], TranslationOptions(), tok) == ["A-b , c"]
+
+
+def test_tok_bleu_signature_records_what_was_done():
+    s = _one("tok-bleu", opts=TranslationOptions(pretokenized=True, lowercase=True))
+    assert s.name == "tok-BLEU" and s.metric == "tok-bleu" and s.compound_split is False
+    assert s.signature == f"nrefs:1|case:lc-ascii|eff:no|tok:pretokenized|smooth:none|version:{sacrebleu.__version__}"
+    s = _one("tok-bleu", opts=TranslationOptions(lang="de", compound_split=True))
+    assert s.compound_split is True
+    assert s.signature == (f"nrefs:1|case:mixed|eff:no|tok:moses-de|smooth:none|sacremoses:{version('sacremoses')}"
+                           f"|version:{sacrebleu.__version__}")
+    # the score is sacreBLEU's unsmoothed BLEU of the Moses-tokenized, split lines
+    tok = B.MosesTokenizer("de")
+    prep = lambda lines: [B.compound_split(tok(x)) for x in lines]  # noqa: E731
+    ref = BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(prep(HYPS), [prep(REFS)])
+    assert s.score == ref.score and s.verbose == ref._verbose
+
+
+def test_paired_bootstrap_is_sacrebleus_paired_test():
+    base = ["The cat sat on mat", "A dog barked", "It is rain"]
+    with pytest.raises(UserError) as e:
+        B.paired_bootstrap(HYPS, base, [REFS], ["bleu"], n_samples=1)
+    assert str(e.value) == "--paired-bs-n must be >= 2, got 1"
+    out = B.paired_bootstrap(HYPS, base, [REFS, REFS2], ["bleu", "chrf"], n_samples=25)
+    for p, key, metric in zip(out, ("bleu", "chrf"), (BLEU(), CHRF())):
+        sigs, res = PairedTest([("baseline", base), ("system", HYPS)], {key: metric}, references=[REFS, REFS2],
+                               test_type="bs", n_samples=25)()
+        (name,) = [k for k in res if k != "System"]
+        bl, sy = res[name]
+        assert (p.metric, p.name) == (key, name)
+        assert (p.baseline, p.baseline_mean, p.baseline_ci) == (bl.score, bl.mean, bl.ci)
+        assert (p.system, p.system_mean, p.system_ci, p.p_value) == (sy.score, sy.mean, sy.ci, sy.p_value)
+        assert p.signature == sigs[name].format()
+    (t,) = B.paired_bootstrap(HYPS, base, [REFS], ["tok-bleu"], TranslationOptions(pretokenized=True), n_samples=5)
+    assert t.name == "tok-BLEU" and "tok:pretokenized" in t.signature
+    metric = BLEU(tokenize="none", smooth_method="none", force=True)
+    assert t.system == metric.corpus_score(HYPS, [REFS]).score
+    assert t.baseline == metric.corpus_score(base, [REFS]).score
