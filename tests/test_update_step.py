@@ -479,3 +479,102 @@ def test_fp16_loss_scaling_applies_unscaled_clipped_gradients_and_skips_overflow
     assert (t.state.update, t.state.overflow_skips, t.state.nan_skips) == (1, 1, 0)
     assert t.scaler.get_scale() == 2.0**15
     assert all(torch.equal(p, w[n]) for n, p in t.model.named_parameters())
+
+
+# ----------------------------------------------------------------------------------------------
+# the step's flags and its out-of-memory path (training/step.py), against values written out
+
+
+@pytest.mark.parametrize("flags", [(True, False, False), (False, True, False), (False, False, True),
+                                   (True, True, True)])
+def test_flags_pass_through_the_step_in_order(data_dir, tmp_path, flags):
+    """The step's all-reduce carries (signal, time_up, timed_save); one process gets back its own."""
+    from nmtkit.training.stopping import LoopFlags
+
+    t = new_trainer(data_dir, tmp_path / "s")
+    out = t.update_step(batches_of(t, 0, 1), 1, LoopFlags(*flags))
+    assert (out.flags.signal, out.flags.time_up, out.flags.timed_save) == flags
+    assert out.applied is True
+
+
+def test_a_one_token_update_is_normalized_by_one_token(data_dir, tmp_path):
+    """ntokens = 1: the applied gradient is d(loss of that one token) / 1 (no floor above 1)."""
+    import dataclasses
+
+    from nmtkit.training.stopping import LoopFlags
+
+    t = new_trainer(data_dir, tmp_path / "s", clip_norm=0.0)
+    b = batches_of(t, 0, 1)[0]
+    target = b.target[:1].clone()  # one sentence, one target token: the rest becomes padding
+    target[0, 1:] = PAD
+    one = dataclasses.replace(b, src_tokens=b.src_tokens[:1], prev_output_tokens=b.prev_output_tokens[:1],
+                              target=target, ntokens=1, indices=b.indices[:1])
+    ref = reference(t.model, one)
+    assert ref["ntokens"] == 1
+    with applied_steps(t.model) as seen:
+        out = t.update_step([one], 1, LoopFlags())
+    assert out.ntokens == 1 and out.applied
+    assert rel_err(seen[0]["grads"], ref["grads"]) < 1e-4
+
+
+def test_is_oom_recognizes_out_of_memory_errors_only():
+    from nmtkit.training.step import is_oom
+
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried... Out Of Memory"))
+    assert is_oom(RuntimeError("CUDA error: out of memory"))
+    assert not is_oom(RuntimeError("shape mismatch"))
+    assert not is_oom(ValueError("bad value"))
+
+
+def test_out_of_memory_skips_the_update_and_clears_gradients(data_dir, tmp_path, monkeypatch):
+    """An OOM in the 2nd micro-batch (after the 1st's backward): no update, gradients dropped,
+    weights and Adam state untouched, the batch shapes named, the flags kept; other errors re-raised."""
+    from nmtkit.training.stopping import LoopFlags
+
+    t = new_trainer(data_dir, tmp_path / "s")
+    bs = batches_of(t, 0, 2)
+    before = [p.detach().clone() for p in t.update_step.params]
+    real = t.update_step.forward_model
+    calls = []
+
+    def forward(src, prev):
+        calls.append(src.shape)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(src, prev)
+
+    monkeypatch.setattr(t.update_step, "forward_model", forward)
+    out = t.update_step(bs, 1, LoopFlags(time_up=True))
+    assert out.applied is False and out.skip == "oom"
+    assert (out.ntokens, out.nsentences, out.lr) == (0, 0, 0.0)
+    assert out.flags == LoopFlags(time_up=True)
+    want = ", ".join(f"{b.nsentences}x{b.src_tokens.shape[1]}/{b.target.shape[1]}" for b in bs)
+    assert out.shapes == want
+    assert all(p.grad is None for p in t.update_step.params)
+    assert all(torch.equal(p, q) for p, q in zip(t.update_step.params, before))
+    assert not t.optimizer.state  # Adam never stepped
+
+    calls.clear()
+
+    def broken(src, prev):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(t.update_step, "forward_model", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        t.update_step(bs, 1, LoopFlags())
+
+
+def test_out_of_memory_with_several_processes_is_a_user_error(data_dir, tmp_path):
+    """With DDP a skipped batch would desynchronize the ranks: one line naming rank and shapes."""
+    from nmtkit.training import distributed as D
+    from nmtkit.training.stopping import LoopFlags
+
+    t = new_trainer(data_dir, tmp_path / "s")
+    bs = batches_of(t, 0, 2)
+    t.update_step.info = D.DistInfo(rank=1, world_size=2, local_rank=1)
+    shapes = ", ".join(f"{b.nsentences}x{b.src_tokens.shape[1]}/{b.target.shape[1]}" for b in bs)
+    with pytest.raises(UserError) as e:
+        t.update_step._skip_oom(bs, LoopFlags())
+    assert str(e.value) == (f"out of memory on rank 1 (batches sentences x src/tgt length: {shapes}); with several "
+                            "processes a batch cannot be skipped safely: lower --max-tokens and resume")
