@@ -204,3 +204,51 @@ def test_paired_bootstrap_is_sacrebleus_paired_test():
     metric = BLEU(tokenize="none", smooth_method="none", force=True)
     assert t.system == metric.corpus_score(HYPS, [REFS]).score
     assert t.baseline == metric.corpus_score(base, [REFS]).score
+
+
+def test_sacremoses_version_falls_back_to_unknown(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert B._sacremoses_version() == "unknown"
+
+
+def test_paired_bootstrap_sample_counts_and_moses_tokenization():
+    base = ["The cat sat on mat", "A dog barked", "It is rain"]
+    (two,) = B.paired_bootstrap(HYPS, base, [REFS], ["bleu"], n_samples=2)  # 2 is the smallest allowed
+    assert two.system == BLEU().corpus_score(HYPS, [REFS]).score
+    default = B.paired_bootstrap(HYPS, base, [REFS], ["bleu"])[0]
+    explicit = B.paired_bootstrap(HYPS, base, [REFS], ["bleu"], n_samples=1000)[0]
+    assert default == explicit
+    # tok-bleu with Moses tokenization on both systems (one tokenizer, shared through the cache)
+    (t,) = B.paired_bootstrap(HYPS, base, [REFS], ["tok-bleu"], TranslationOptions(lang="en"), n_samples=2)
+    tok = B.MosesTokenizer("en")
+    metric = BLEU(tokenize="none", smooth_method="none", force=True)
+    assert t.system == metric.corpus_score([tok(h) for h in HYPS], [[tok(r) for r in REFS]]).score
+    assert t.baseline == metric.corpus_score([tok(h) for h in base], [[tok(r) for r in REFS]]).score
+    assert "tok:moses-en" in t.signature
+
+
+def test_two_resamples_give_an_interval_and_ter_has_no_verbose_part():
+    s = _one("bleu", opts=TranslationOptions(confidence_n=2))
+    ref = BLEU().corpus_score(HYPS, [REFS], n_bootstrap=2)
+    assert (s.ci_mean, s.ci_halfwidth) == (ref._mean, ref._ci) and "bs:2" in s.signature
+    t = _one("ter")
+    assert t.verbose == "" and t.format_line() == f"TER = {t.score:.2f} | {t.signature} | lines: 3"
+
+
+def test_a_tokenizer_sacrebleu_cannot_load_is_one_user_error(monkeypatch):
+    import sacrebleu.metrics
+
+    class NoMecab(BLEU):  # what BLEU(tokenize="ja-mecab") raises without its optional package
+        def __init__(self, *a, **k):
+            raise ImportError("Please install mecab-python3\n   (pip install sacrebleu[ja])")
+
+    monkeypatch.setattr(sacrebleu.metrics, "BLEU", NoMecab)
+    with pytest.raises(UserError) as e:
+        _one("bleu", opts=TranslationOptions(tokenize="ja-mecab"))
+    assert str(e.value) == ("--tokenize ja-mecab: sacreBLEU cannot use this tokenizer here: "
+                            "Please install mecab-python3 (pip install sacrebleu[ja])")

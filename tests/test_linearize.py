@@ -311,3 +311,63 @@ def test_bad_arguments():
         repair("", "a", "XX")
     with pytest.raises(ValueError, match="whitespace"):
         repair("", ["a b"])
+
+
+# ---- behaviour pinned down by the mutation benchmark (recipes/bench/mutation.sh linearize) ----
+
+
+def _err(fn, *args) -> str:
+    with pytest.raises((TreeError, ValueError)) as e:
+        fn(*args)
+    return str(e.value)
+
+
+def test_linearize_messages_are_exact():
+    assert _err(linearize, T(JOHN), "tags") == "part-of-speech mode must be one of keep, xx, got 'tags'"
+    assert _err(linearize, T("(TOP John)")) == "word 'John' directly under the root (every word needs a part-of-speech tag)"
+    assert _err(linearize, T("(TOP (S (<unk> a)))")) == "part-of-speech tag '<unk>' of word 'a' cannot be linearized"
+    assert _err(linearize, Tree("TOP", [Tree("S", [Tree("", ["a"])])])) == (
+        "part-of-speech tag '' of word 'a' cannot be linearized")
+    assert _err(linearize, Tree("TOP", [Tree("S", [Tree("N N", ["a"])])])) == (
+        "part-of-speech tag 'N N' of word 'a' cannot be linearized")
+    assert _err(linearize, T("(TOP (S ( (NN a))))")) == "constituent label '' cannot be linearized"
+    assert _err(linearize, T("(TOP (<x> (NN a)))")) == "constituent label '<x>' cannot be linearized"
+    assert _err(linearize, T("(TOP (S (NP) (VB a)))")) == "constituent (NP ) has no words; normalize the tree first"
+    assert _err(linearize, T("(TOP (S (NP (DT the) dog)))")) == (
+        "word 'dog' is not under its own part-of-speech tag in (NP ...)")
+    # a two-character <> is not a special symbol: it is a tag like any other
+    assert linearize_line(T("(TOP (S (<> a)))")) == ("a", "(S <> )S")
+
+
+@pytest.mark.parametrize(
+    "seq, words, pos, message",
+    [
+        ("(S NN <unk> )S", "a", "keep", "token 3 '<unk>' is not a bracket or a tag"),
+        ("(S NN )S", "a", "xx", "token 2 'NN' is not a bracket or a placeholder"),
+        ("(S XX )S )S", "a", "xx", "token 4 ')S' closes nothing"),
+        ("(S NN )NP", "a", "keep", "token 3 ')NP' closes (S"),
+        ("(S NN )", "a", "keep", "token 3 ')' closes (S"),
+        ("(S (NP )NP NN )S", "a", "keep", "token 3 ')NP' closes an empty constituent"),
+        ("(S (NP NN", "a", "keep", "2 constituent(s) not closed at the end: (S (NP"),
+        ("(S NN NN )S", "a", "keep", "2 preterminals for 1 words"),
+        ("(S NN )S", "a b", "keep", "1 preterminals for 2 words"),
+        ("( NN", "a", "keep", "token 1 '(' is not a bracket or a tag"),
+        ("(<s> NN )<s>", "a", "keep", "token 1 '(<s>' is not a bracket or a tag"),
+        ("(S NN )S(", "a", "keep", "token 3 ')S(' is not a bracket or a tag"),
+        ("(S a(b )S", "a", "keep", "token 2 'a(b' is not a bracket or a tag"),
+        ("(S <a> )S", "a", "keep", "token 2 '<a>' is not a bracket or a tag"),
+    ],
+)
+def test_delinearize_messages_are_exact(seq, words, pos, message):
+    assert _err(delinearize, seq, words, pos) == message
+
+
+def test_word_and_mode_checks_are_exact():
+    assert _err(repair, "", ["x", "a b"]) == (
+        "word 2 'a b' is empty or contains whitespace; words are whitespace-split tokens")
+    assert _err(delinearize, "NN", [""]) == "word 1 '' is empty or contains whitespace; words are whitespace-split tokens"
+    assert _err(repair, "", "a", "XX") == "part-of-speech mode must be one of keep, xx, got 'XX'"
+    assert _err(delinearize, "", "a", "x") == "part-of-speech mode must be one of keep, xx, got 'x'"
+    # the 2-character "<>" is a tag, "<a>" (3 characters) a special symbol that repair drops
+    assert R("(S <> <a> )S", "w") == "(TOP (S (<> w)))"
+    assert delinearize("(S <> )S", "w").to_string() == "(TOP (S (<> w)))"

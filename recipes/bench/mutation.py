@@ -62,7 +62,7 @@ MODULES: dict[str, Module] = {
     "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py",)),
     "dictionary": Module(("nmtkit/data/dictionary.py",), ("tests/test_dictionary.py",)),
     "shards": Module(("nmtkit/data/shards.py",), ("tests/test_shards.py",)),
-    "subwords": Module(("nmtkit/data/subwords.py",), ("tests/test_preprocess.py", "tests/test_subwords.py")),
+    "subwords": Module(("nmtkit/data/subwords.py",), ("tests/test_preprocess.py",)),
     "checkpoints": Module(("nmtkit/checkpoints.py",),
                           ("tests/test_checkpoints.py", "tests/test_average_checkpoints_cli.py")),
     "bleu": Module(("nmtkit/scoring/bleu.py",), ("tests/test_score.py", "tests/test_bleu_unit.py")),
