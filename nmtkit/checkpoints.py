@@ -145,7 +145,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def _kind(v: Any) -> str:
-    return "a dict" if isinstance(v, dict) else f"a {type(v).__name__}"
+    name = type(v).__name__
+    return "a dict" if isinstance(v, dict) else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _check_weights_structure(weights: Any, key: str, path: Path) -> None:
@@ -197,6 +198,22 @@ def check_structure(state: dict, path: str | os.PathLike) -> None:
 def inference_state(state: dict) -> dict:
     """The same checkpoint without the training state (optimizer, RNG, data position...)."""
     return {k: v for k, v in state.items() if k != "train"}
+
+
+def check_training_state(state: dict, path: str | os.PathLike) -> None:
+    """Refuse a training checkpoint whose `train` part lacks what resuming reads (see the module docstring)."""
+    tr = state["train"]
+    for key in ("optimizer", "data_position"):
+        if not isinstance(tr.get(key), dict):
+            raise UserError(f"{path}: malformed nmtkit checkpoint: 'train.{key}' is "
+                            f"{'absent' if key not in tr else _kind(tr[key])}, expected a dict")
+    for key in ("epoch", "batch_offset"):
+        v = tr["data_position"].get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (1 if key == "epoch" else 0):
+            raise UserError(f"{path}: malformed nmtkit checkpoint: 'train.data_position.{key}' is {v!r}")
+    for key, types in (("rng", (list,)), ("state", (dict,)), ("scheduler", (dict,)), ("scaler", (dict,))):
+        if key in tr and not isinstance(tr[key], types):
+            raise UserError(f"{path}: malformed nmtkit checkpoint: 'train.{key}' is {_kind(tr[key])}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,6 +160,13 @@ class Trainer:
                 raise UserError(f"{last} is an inference checkpoint (no training state); it cannot be resumed")
             ck.check_same_model(state, str(last), arch=self.cfg.arch, arch_config=self.arch_cfg.to_dict(),
                                 dictionaries=self.dictionaries)
+            ck.check_training_state(state, last)
+            from nmtkit.models.loading import check_weights
+
+            for key in ("model", "ema"):
+                if state.get(key) is not None:
+                    check_weights(state[key], self.arch_cfg, len(self.src_dict), len(self.tgt_dict),
+                                  f"{last} ({key})", pad_idx=self.src_dict.pad)
             self.resume_state = state
 
     def _autocast(self):
