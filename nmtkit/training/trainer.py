@@ -616,10 +616,13 @@ class _SaveDirLock:
                             "wait for it to finish or choose another --save-dir") from None
         import socket
 
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        fh.flush()
+        from nmtkit.io import reporting_disk_full
+
+        with reporting_disk_full(directory / ".nmtkit-train.lock"):
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            fh.flush()
         self.fh = fh
 
     def release(self) -> None:
