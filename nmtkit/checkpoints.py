@@ -156,6 +156,9 @@ def _check_weights_structure(weights: Any, key: str, path: Path) -> None:
         if not isinstance(name, str) or not isinstance(t, torch.Tensor):
             raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' entry {name!r} is {_kind(t)}, "
                             "expected a tensor")
+        if t.layout != torch.strided:
+            raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' entry {name} is a {t.layout} tensor, "
+                            "expected a dense one")
         # a tensor is rebuilt from (storage, shape, strides): zero strides could make a few stored
         # bytes stand for a huge tensor, which the model would then allocate
         if t.numel() * t.element_size() > t.untyped_storage().nbytes():

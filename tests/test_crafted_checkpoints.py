@@ -75,6 +75,8 @@ def test_wrong_layout_is_one_line_naming_the_key(setup, run_cli, tmp_path):
         ({"dictionaries": ["a", "b"]}, "'dictionaries' is a list, expected a dict"),
         ({"update": "7"}, "'update' is a str, expected an integer"),
         ({"arch_config": {**state["arch_config"], 3: 4}}, "'arch_config' has a non-string key 3"),
+        ({"model": {**state["model"], "encoder_norm.weight": torch.eye(16).to_sparse()}},
+         "'model' entry encoder_norm.weight is a torch.sparse_coo tensor, expected a dense one"),
     ]
     for change, message in cases:
         p = crafted(tmp_path, {**state, **change})
