@@ -56,14 +56,20 @@ EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")  # checkpoint{epoch}.pt
 # saving and loading
 
 
-def save_checkpoint(state: dict, path: str | os.PathLike) -> None:
-    """Write `state` to `path` atomically (temp file, fsync, rename, fsync of the folder)."""
+def save_checkpoint(state: dict, path: str | os.PathLike, links: Iterable[str | os.PathLike] = ()) -> None:
+    """Write `state` to `path` atomically (temp file, fsync, rename, fsync of the folder).
+
+    `links`: other names of the same checkpoint (checkpoint_best.pt, checkpoint_EPOCH_UPDATE.pt...),
+    each put in place atomically *before* `path`. Training saves checkpoint_last.pt this way, so a
+    kill at any moment leaves either the old checkpoint_last.pt (and the rerun redoes the updates
+    since, writing the same names again) or the new one with all its names.
+    """
     path = Path(path)
     if state.get(MAGIC) is None:
         state = {MAGIC: FORMAT_VERSION, **state}
-    with atomic_write(path, "wb") as fh:
+    with atomic_write(path, "wb", links=list(links)) as fh:
         torch.save(state, fh)
-    with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
+    with contextlib.suppress(OSError):  # make the renames themselves durable (not possible everywhere)
         fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -71,8 +77,45 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> None:
             os.close(fd)
 
 
+# a temporary file of a checkpoint save: `.NAME.XXXXXXXX.tmp` (atomic_write) or `.NAME.PID.tmp` (a link)
+LEFTOVER_RE = re.compile(r"^\.(checkpoint_last|checkpoint_best|checkpoint_\d+_\d+|checkpoint\d+)\.pt\.[A-Za-z0-9_]+\.tmp$")
+
+
+def remove_leftovers(save_dir: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that killed checkpoint saves left in `save_dir`; return them.
+
+    Only the names a training save writes (LEFTOVER_RE) are touched, and only in `save_dir`
+    itself; the caller must hold the save dir (no other save may be under way there).
+    """
+    removed = []
+    save_dir = Path(save_dir)
+    if not save_dir.is_dir():
+        return removed
+    for p in save_dir.iterdir():
+        if LEFTOVER_RE.match(p.name) and p.is_file() and not p.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return sorted(removed)
+
+
+def _unpickling_reason(e: Exception) -> str:
+    """What the weights-only unpickler refused, without torch's advice to load unsafely."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    m = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL)\s+([\w.]+)", text)
+    if m:
+        return f"it holds a pickled Python object, {m.group(1)}"
+    m = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+    lines = [m.group(1)] if m else [ln.strip() for ln in text.splitlines()]
+    for line in lines:
+        line = re.split(r"\s*(?:Please use|Re-running|This file can still be loaded)", line)[0].strip()
+        if line and "weights_only" not in line and not line.startswith("Weights only load failed"):
+            return line
+    return type(e).__name__
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """Load an nmtkit checkpoint with weights_only=True; UserError if missing, corrupt or foreign."""
+    """Load an nmtkit checkpoint with weights_only=True; UserError if missing, corrupt, foreign or malformed."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"checkpoint not found: {path}")
@@ -81,8 +124,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path}: not a safe nmtkit checkpoint (weights_only load refused it: {first})") from None
+        raise UserError(f"{path}: not a safe nmtkit checkpoint (refused by the weights-only loader: "
+                        f"{_unpickling_reason(e)})") from None
     except Exception as e:  # noqa: BLE001 - junk bytes make the unpickler fail in many ways
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{path}: cannot read checkpoint (corrupt or truncated file?): {msg}") from None
@@ -97,12 +140,83 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     for key in ("arch", "arch_config", "model"):
         if key not in state:
             raise UserError(f"{path}: incomplete nmtkit checkpoint (no '{key}')")
+    check_structure(state, path)
     return state
+
+
+def _kind(v: Any) -> str:
+    name = type(v).__name__
+    return "a dict" if isinstance(v, dict) else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _check_weights_structure(weights: Any, key: str, path: Path) -> None:
+    if not isinstance(weights, dict):
+        raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' is {_kind(weights)}, expected a dict of tensors")
+    for name, t in weights.items():
+        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+            raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' entry {name!r} is {_kind(t)}, "
+                            "expected a tensor")
+        if t.layout != torch.strided:
+            raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' entry {name} is a {t.layout} tensor, "
+                            "expected a dense one")
+        # a tensor is rebuilt from (storage, shape, strides): zero strides could make a few stored
+        # bytes stand for a huge tensor, which the model would then allocate
+        if t.numel() * t.element_size() > t.untyped_storage().nbytes():
+            raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' entry {name} has shape "
+                            f"{tuple(t.shape)} but stores only {t.untyped_storage().nbytes()} bytes")
+
+
+def check_structure(state: dict, path: str | os.PathLike) -> None:
+    """Refuse a loadable but malformed checkpoint (wrong types where nmtkit expects its layout).
+
+    Only the layout is checked here; whether the tensors fit the architecture config is
+    `nmtkit.models.loading.check_weights` (it needs the dictionary sizes).
+    """
+    path = Path(path)
+
+    def want(key: str, types: tuple, what: str, optional: bool = True) -> None:
+        if key not in state or (optional and state[key] is None):
+            return
+        v = state[key]
+        if not isinstance(v, types) or isinstance(v, bool) and bool not in types:
+            raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' is {_kind(v)}, expected {what}")
+
+    want("arch", (str,), "a string", optional=False)
+    want("arch_config", (dict,), "a dict of architecture settings", optional=False)
+    bad_keys = [k for k in state["arch_config"] if not isinstance(k, str)]
+    if bad_keys:
+        raise UserError(f"{path}: malformed nmtkit checkpoint: 'arch_config' has a non-string key {bad_keys[0]!r}")
+    _check_weights_structure(state["model"], "model", path)
+    if state.get("ema") is not None:
+        _check_weights_structure(state["ema"], "ema", path)
+    want("dictionaries", (dict,), "a dict")
+    want("update", (int,), "an integer")
+    want("epoch", (int,), "an integer")
+    want("train", (dict,), "a dict of training state")
+    want("best", (dict,), "a dict")
+    want("train_args", (dict,), "a dict")
+    want("averaged_from", (list,), "a list of file names")
 
 
 def inference_state(state: dict) -> dict:
     """The same checkpoint without the training state (optimizer, RNG, data position...)."""
     return {k: v for k, v in state.items() if k != "train"}
+
+
+def check_training_state(state: dict, path: str | os.PathLike) -> None:
+    """Refuse a training checkpoint whose `train` part lacks what resuming reads (see the module docstring)."""
+    tr = state["train"]
+    for key in ("optimizer", "data_position"):
+        if not isinstance(tr.get(key), dict):
+            raise UserError(f"{path}: malformed nmtkit checkpoint: 'train.{key}' is "
+                            f"{'absent' if key not in tr else _kind(tr[key])}, expected a dict")
+    for key in ("epoch", "batch_offset"):
+        v = tr["data_position"].get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (1 if key == "epoch" else 0):
+            raise UserError(f"{path}: malformed nmtkit checkpoint: 'train.data_position.{key}' is {v!r}")
+    for key, types in (("rng", (list,)), ("state", (dict,)), ("scheduler", (dict,)), ("scaler", (dict,))):
+        if key in tr and not isinstance(tr[key], types):
+            raise UserError(f"{path}: malformed nmtkit checkpoint: 'train.{key}' is {_kind(tr[key])}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +502,35 @@ def check_output_not_input(output: str | os.PathLike, inputs: Iterable[str | os.
     for p in inputs:
         if _same_file(out, Path(p)):
             raise UserError(f"--output {out} is one of the input checkpoints; choose another path")
+
+
+def is_training_checkpoint(path: str | os.PathLike) -> bool:
+    """True if `path` is an nmtkit checkpoint that holds training state (a run resumes from it).
+
+    Reads the file memory-mapped: only the pickled layout is parsed, no tensor data is read.
+    """
+    try:
+        state = torch.load(path, map_location="meta", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - not a (readable) checkpoint: not a training one either
+        return False
+    return isinstance(state, dict) and MAGIC in state and isinstance(state.get("train"), dict)
+
+
+def check_output_not_training(output: str | os.PathLike) -> None:
+    """Refuse an --output that would replace a training checkpoint or take a name training writes.
+
+    A training checkpoint (checkpoint_last.pt, and the others while they hold optimizer state) is
+    what a run resumes from; names of the checkpoint_EPOCH_UPDATE.pt kind are also listed, pruned
+    and averaged by update number, so an inference checkpoint under such a name would be too.
+    """
+    out = Path(output)
+    if out.is_file() and is_training_checkpoint(out):
+        raise UserError(f"--output {out} is a training checkpoint (it holds the optimizer and training state "
+                        "a run resumes from); choose another path")
+    if out.name in ("checkpoint_last.pt", "checkpoint_best.pt") or UPDATE_RE.match(out.name) \
+            or EPOCH_RE.match(out.name):
+        raise UserError(f"--output {out}: {out.name} is a name that nmtkit train writes; choose another "
+                        "(e.g. checkpoint_avg5.pt)")
 
 
 def state_summary(state: dict) -> dict[str, Any]:

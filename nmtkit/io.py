@@ -8,13 +8,15 @@ in one place keeps those guarantees identical everywhere.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
 from nmtkit.errors import UserError
 
@@ -73,27 +75,97 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
             fh.close()
 
 
+class DiskFullError(UserError):
+    """The disk (or the user's quota) filled up while writing `path`; what was there before is kept."""
+
+    def __init__(self, path: str | os.PathLike, quota: bool = False):
+        self.path, self.quota = path, quota
+        super().__init__(f"{'disk quota exceeded' if quota else 'no space left on device'} while writing {path}")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """True for the OSErrors of a full disk or quota (ENOSPC, EDQUOT)."""
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def reporting_disk_full(path: str | os.PathLike, *, rename_inner: bool = False) -> Iterator[None]:
+    """Turn a full disk inside the block into one `DiskFullError` naming `path` (exit 2, no traceback).
+
+    `rename_inner`: a `DiskFullError` raised deeper (naming an inner, perhaps temporary, file) is
+    reported as `path` too; for a command that builds a whole folder in a temporary one.
+    """
+    try:
+        yield
+    except DiskFullError as e:
+        if not rename_inner:
+            raise
+        raise DiskFullError(path, e.quota) from None
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFullError(path, quota=e.errno != errno.ENOSPC) from None
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8",
+                 links: Sequence[str | os.PathLike] = ()) -> Iterator[IO]:
     """Open a temporary file beside `path`; rename it over `path` only if the block succeeds.
 
     A crash or exception inside the block leaves any previous `path` untouched and removes the
-    temporary file, so readers only ever see a complete old file or a complete new one.
+    temporary file, so readers only ever see a complete old file or a complete new one. The
+    temporary file is named `.NAME.XXXXXXXX.tmp` in the same folder; a kill (SIGKILL, power
+    loss) can leave one behind, which the writer's next run may remove (see
+    `nmtkit.checkpoints.remove_leftovers`).
+
+    `links`: other paths that receive the same finished file (a hard link, or a copy where the file
+    system has none), each atomically, *before* `path` appears: whoever finds the new `path` knows
+    they are all in place. A full disk raises `DiskFullError` naming the file being written.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with reporting_disk_full(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
     try:
-        # mkstemp creates 0600; give the file the permissions a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, mode, encoding=None if binary else encoding) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
+        with reporting_disk_full(path):
+            # mkstemp creates 0600; give the file the permissions a plain open() would have.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)
+            with os.fdopen(fd, mode, encoding=None if binary else encoding) as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+        for other in links:
+            with reporting_disk_full(other):
+                link_or_copy(Path(tmp), Path(other))
         os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Make `dst` an atomic copy of the finished file `src`: a hard link if possible, else a copied temp file.
+
+    The temporary name is `.DST.PID.tmp` beside `dst` (a kill can leave it, like atomic_write's).
+    """
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError as e:
+            if is_disk_full(e):
+                raise
+            with open(src, "rb") as fi, open(tmp, "wb") as fo:
+                shutil.copyfileobj(fi, fo, 1 << 22)
+                fo.flush()
+                os.fsync(fo.fileno())
+        os.replace(tmp, dst)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -105,8 +177,9 @@ def output_stream(path: str | os.PathLike | None) -> Iterator[IO[str]]:
     """Write to `path` atomically, or to stdout when `path` is None or '-'."""
     if path is None or str(path) == "-":
         out = text_stdout()
-        yield out
-        out.flush()
+        with reporting_disk_full("standard output"):
+            yield out
+            out.flush()
         return
     with atomic_write(path, "w") as fh:
         yield fh

@@ -63,3 +63,31 @@ def test_refusals(tmp_path, run_cli):
         assert "Traceback" not in r.err
     assert not (tmp_path / "x.pt").exists()
     assert ck.load_checkpoint(tmp_path / "checkpoint1.pt")["model"]["w"].tolist() == [1.0, 2.0]
+
+
+def test_never_replaces_a_training_checkpoint(tmp_path, run_cli):
+    import hashlib
+
+    for e, u, v in [(1, 5, 1.0), (1, 10, 3.0)]:
+        put(tmp_path / f"checkpoint_{e}_{u}.pt", v, update=u, epoch=e)
+    put(tmp_path / "checkpoint_last.pt", 3.0, update=10)
+    put(tmp_path / "my_copy.pt", 3.0, update=10)  # a training checkpoint under a name of the user's
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()}
+    args = ("average-checkpoints", "--inputs", tmp_path, "--num-update-checkpoints", "2", "--output")
+    for name in ("checkpoint_last.pt", "my_copy.pt"):
+        r = run_cli(*args, tmp_path / name)
+        assert r.code == 2 and r.err.strip() == (
+            f"nmtkit: error: --output {tmp_path / name} is a training checkpoint (it holds the optimizer and "
+            "training state a run resumes from); choose another path"), r
+    # names that training writes, even where no file exists yet: a run would resume from, prune or
+    # average them as its own
+    for name in ("checkpoint_best.pt", "checkpoint_2_20.pt", "checkpoint3.pt"):
+        r = run_cli(*args, tmp_path / name)
+        assert r.code == 2 and r.err.strip() == (
+            f"nmtkit: error: --output {tmp_path / name}: {name} is a name that nmtkit train writes; choose "
+            "another (e.g. checkpoint_avg5.pt)"), r
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == before
+    # an earlier average (an inference checkpoint) is replaced as before
+    assert run_cli(*args, tmp_path / "avg.pt").code == 0
+    assert run_cli(*args, tmp_path / "avg.pt").code == 0
+    assert ck.load_checkpoint(tmp_path / "avg.pt")["model"]["w"].tolist() == [2.0, 4.0]

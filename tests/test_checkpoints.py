@@ -460,7 +460,7 @@ def test_load_messages_are_exact(tmp_path, monkeypatch):
         monkeypatch.setattr(torch, "load", lambda *a, _e=exc, **k: (_ for _ in ()).throw(_e))
         with pytest.raises(UserError) as e:
             ck.load_checkpoint(p)
-        assert str(e.value) == f"{p}: not a safe nmtkit checkpoint (weights_only load refused it: {expect})"
+        assert str(e.value) == f"{p}: not a safe nmtkit checkpoint (refused by the weights-only loader: {expect})"
     for exc, expect in ((RuntimeError(" \nPytorchStreamReader failed\nmore"), "PytorchStreamReader failed"),
                         (EOFError(), "EOFError")):
         monkeypatch.setattr(torch, "load", lambda *a, _e=exc, **k: (_ for _ in ()).throw(_e))
@@ -504,3 +504,54 @@ def test_average_ema_refusal_names_both_files(tmp_path):
     with pytest.raises(UserError) as e:
         ck.average_checkpoints([a, b])
     assert str(e.value) == f"{b}: parameter w has shape (3,) but {a} has (2,)"
+
+
+def test_remove_leftovers_takes_only_the_temporary_files_of_checkpoint_saves(tmp_path):
+    ours = [".checkpoint_last.pt.k3j_x9ab.tmp", ".checkpoint_best.pt.12345.tmp", ".checkpoint_3_120.pt.777.tmp",
+            ".checkpoint2.pt.abcdefgh.tmp"]
+    theirs = [".avg.pt.abcdefgh.tmp", "checkpoint_last.pt", "checkpoint_last.pt.tmp", ".checkpoint_last.pt.tmp",
+              "notes.tmp", ".checkpoint_last.pt.abc.tmp.keep", ".checkpoint_avg.pt.abc.tmp", "train_log.jsonl"]
+    for name in ours + theirs:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ours[0]).write_bytes(b"x")  # only the save dir itself is tidied
+    (tmp_path / ".checkpoint_best.pt.999.tmp").mkdir()  # not a file: left alone
+    removed = ck.remove_leftovers(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(ours)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs + ["sub", ".checkpoint_best.pt.999.tmp"])
+    assert (tmp_path / "sub" / ours[0]).exists()
+    assert ck.remove_leftovers(tmp_path / "absent") == []
+
+
+def test_save_puts_every_other_name_in_place_before_the_checkpoint_itself(tmp_path, monkeypatch):
+    import os
+
+    last, others = tmp_path / "checkpoint_last.pt", [tmp_path / "checkpoint_1_8.pt", tmp_path / "checkpoint_best.pt"]
+    ck.save_checkpoint(make_state([1.0], [1.0], update=4), last)
+    seen = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        seen.append((os.path.basename(dst), last.exists() and ck.load_checkpoint(last)["update"]))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    ck.save_checkpoint(make_state([2.0], [2.0], update=8), last, links=others)
+    # both names are replaced while checkpoint_last.pt still holds update 4
+    assert seen == [("checkpoint_1_8.pt", 4), ("checkpoint_best.pt", 4), ("checkpoint_last.pt", 4)]
+    assert all(os.path.samefile(last, p) for p in others)  # hard links: one copy on disk
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1_8.pt", "checkpoint_best.pt",
+                                                          "checkpoint_last.pt"]
+
+
+def test_save_without_hard_links_copies_each_name_atomically(tmp_path, monkeypatch):
+    import os
+
+    def no_link(src, dst):
+        raise OSError(1, "Operation not permitted")  # a file system without hard links
+
+    monkeypatch.setattr(os, "link", no_link)
+    last, best = tmp_path / "checkpoint_last.pt", tmp_path / "checkpoint_best.pt"
+    ck.save_checkpoint(make_state([3.0], [1.0], update=9), last, links=[best])
+    assert not os.path.samefile(last, best) and best.read_bytes() == last.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_best.pt", "checkpoint_last.pt"]

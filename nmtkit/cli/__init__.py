@@ -6,6 +6,7 @@ exceptions are bugs and keep their traceback under `--debug` / NMTKIT_DEBUG=1.
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import typer
@@ -72,6 +73,15 @@ def main(argv: list[str] | None = None) -> None:
         # `nmtkit generate | head`: the reader went away; that is not an error of ours.
         sys.stderr.close()
         sys.exit(0)
+    except OSError as e:
+        if state["debug"]:
+            raise
+        if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):  # a write no library code named
+            what = "disk quota exceeded" if e.errno != errno.ENOSPC else "no space left on device"
+            error_line(f"{what} while writing {e.filename}" if e.filename else what)
+            sys.exit(2)
+        error_line(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
+        sys.exit(1)
     except Exception as e:  # a bug: say so in one line unless the user asked for the traceback
         if state["debug"]:
             raise

@@ -55,6 +55,7 @@ def average_checkpoints_cmd(
     ck.check_output_not_input(output, paths)
     if output.is_dir():
         raise UserError(f"--output {output} is a directory; give a file name")
+    ck.check_output_not_training(output)
 
     err = Console(stderr=True, highlight=False)
     with err.status(f"averaging {len(paths)} checkpoint(s)"):

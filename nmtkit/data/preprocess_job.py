@@ -94,12 +94,19 @@ class PreprocessJob:
 
 
 def run_preprocess(job: PreprocessJob, *, progress=None, log: Callable[[str], None] | None = None) -> PreprocessResult:
-    """Build `job.config.destdir` (or find it up to date); `progress` is a rich Progress or None."""
-    if job.parsing:
-        from nmtkit.parsing import pipeline
+    """Build `job.config.destdir` (or find it up to date); `progress` is a rich Progress or None.
 
-        return pipeline.preprocess_parsing(job.treebank_inputs(), job.config, progress=progress, log=log).result
-    return preprocess(job.config, progress=progress, log=log)
+    A full disk is reported as writing DESTDIR (the files are built in a temporary folder beside
+    it, which is removed; an older DESTDIR is kept).
+    """
+    from nmtkit.io import reporting_disk_full
+
+    with reporting_disk_full(job.config.destdir, rename_inner=True):
+        if job.parsing:
+            from nmtkit.parsing import pipeline
+
+            return pipeline.preprocess_parsing(job.treebank_inputs(), job.config, progress=progress, log=log).result
+        return preprocess(job.config, progress=progress, log=log)
 
 
 def format_summary(result: PreprocessResult) -> str:

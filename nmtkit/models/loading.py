@@ -4,8 +4,9 @@ and everything after load through `load_models`.
 
 Why one place: every consumer (training, generation, export, serving, inspection) must make the
 same compatibility checks (a checkpoint's dictionaries and languages against the data directory's,
-EMA weights present when asked for, weights that fit their own config) and the same cast to a
-precision; the file reading itself is `nmtkit.checkpoints.load_checkpoint` (weights_only=True).
+EMA weights present when asked for, weights that fit their own config, checked on the meta device
+before the model is built) and the same cast to a precision; the file reading itself is
+`nmtkit.checkpoints.load_checkpoint` (weights_only=True, and the checkpoint's layout checked).
 """
 
 from __future__ import annotations
@@ -38,6 +39,44 @@ def precision_dtype(precision: str | torch.dtype) -> torch.dtype:
 def build_model(cfg: ArchConfig, src_dict, tgt_dict) -> Transformer:
     """A freshly initialised Transformer of `cfg` sized to the two dictionaries (the padding id is theirs)."""
     return Transformer(cfg, len(src_dict), len(tgt_dict), pad_idx=src_dict.pad)
+
+
+def check_weights(weights: dict, cfg: ArchConfig, src_vocab_size: int, tgt_vocab_size: int, where: str,
+                  pad_idx: int = 0) -> None:
+    """Refuse weights whose names or shapes do not fit `cfg` and the vocabulary sizes, before any model is built.
+
+    Why before: building a model allocates what its config asks for, so a crafted config (a huge
+    d_ff next to small tensors) would take gigabytes before `load_state_dict` noticed the
+    mismatch. The reference is the same model on the meta device, which allocates nothing; its
+    size is bounded first by the number of stored tensors (each layer stores several).
+    `weights` has passed `nmtkit.checkpoints.check_structure` (a dict of tensors).
+    """
+    bad = f"{where}: weights do not fit its own architecture config"
+    layers = cfg.encoder_layers + cfg.decoder_layers
+    if layers > len(weights):
+        raise UserError(f"{bad}: it asks for {layers} layers but only {len(weights)} tensors are stored")
+    with torch.device("meta"):
+        expected = Transformer(cfg, src_vocab_size, tgt_vocab_size, pad_idx=pad_idx).state_dict()
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    if missing or unexpected:
+        parts = [f"{what} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+                 for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+        raise UserError(f"{bad}: {'; '.join(parts)}")
+    for k, ref in expected.items():
+        w = weights[k]
+        if tuple(w.shape) != tuple(ref.shape):
+            raise UserError(f"{bad}: {k} has shape {tuple(w.shape)} where the config needs {tuple(ref.shape)}")
+        if w.is_floating_point() != ref.is_floating_point():
+            raise UserError(f"{bad}: {k} is {w.dtype} where the model has {ref.dtype}")
+
+
+def arch_config_of(state: dict, where: str) -> ArchConfig:
+    """The checkpoint's ArchConfig, or a UserError naming `where` if the stored settings are invalid."""
+    try:
+        return ArchConfig.from_dict(state["arch_config"])
+    except UserError as e:
+        raise UserError(f"{where}: invalid architecture config in the checkpoint: {e}") from None
 
 
 @dataclass
@@ -83,13 +122,14 @@ def load_models(
         check_same_dictionaries(
             state, f"--path {p}", expected, "it cannot translate with this data directory's dictionaries"
         )
-        cfg = ArchConfig.from_dict(state["arch_config"])
-        model = build_model(cfg, src_dict, tgt_dict)
+        cfg = arch_config_of(state, f"--path {p}")
         weights = state["model"]
         if ema:
             if state.get("ema") is None:
                 raise UserError(f"--ema: {p} holds no EMA weights (train with EMA, or drop --ema)")
             weights = state["ema"]
+        check_weights(weights, cfg, len(src_dict), len(tgt_dict), f"--path {p}", pad_idx=src_dict.pad)
+        model = build_model(cfg, src_dict, tgt_dict)
         try:
             model.load_state_dict(weights)
         except RuntimeError as e:

@@ -30,6 +30,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from nmtkit.io import reporting_disk_full
+
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -47,14 +49,18 @@ class JsonlLog:
 
     def __init__(self, path: str | os.PathLike | None):
         self.path = Path(path) if path else None
-        self._fh = open(self.path, "a", encoding="utf-8") if self.path else None
+        self._fh = None
+        if self.path:
+            with reporting_disk_full(self.path):
+                self._fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
         if self._fh is None:
             return
         rec = {"type": record.get("type"), "time": _now(), **{k: _clean(v) for k, v in record.items()}}
-        self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        self._fh.flush()
+        with reporting_disk_full(self.path):
+            self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            self._fh.flush()
 
     def close(self) -> None:
         if self._fh is not None:

@@ -17,7 +17,6 @@ bit-identically on CPU.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -161,6 +160,13 @@ class Trainer:
                 raise UserError(f"{last} is an inference checkpoint (no training state); it cannot be resumed")
             ck.check_same_model(state, str(last), arch=self.cfg.arch, arch_config=self.arch_cfg.to_dict(),
                                 dictionaries=self.dictionaries)
+            ck.check_training_state(state, last)
+            from nmtkit.models.loading import check_weights
+
+            for key in ("model", "ema"):
+                if state.get(key) is not None:
+                    check_weights(state[key], self.arch_cfg, len(self.src_dict), len(self.tgt_dict),
+                                  f"{last} ({key})", pad_idx=self.src_dict.pad)
             self.resume_state = state
 
     def _autocast(self):
@@ -257,7 +263,7 @@ class Trainer:
         return checkpoint_state.build(self.objs, self.state, self.identity, self.info)
 
     def _save(self, names: list[str]) -> None:
-        """Write checkpoint_last.pt (always) and link/copy it to the other `names` (rank 0 writes)."""
+        """Write checkpoint_last.pt (always) and the other `names` of it before it (rank 0 writes)."""
         t0 = time.perf_counter()
         lp = self.loop
         if lp.best_pending:
@@ -266,17 +272,27 @@ class Trainer:
         state = self._checkpoint_state()  # collective (RNG gather): every rank calls it
         if self.info.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            last = self.save_dir / LAST
-            ck.save_checkpoint(state, last)
-            for name in names:
-                if name != LAST:
-                    _link_or_copy(last, self.save_dir / name)
+            # the other names first, checkpoint_last.pt last: a kill before its rename leaves the
+            # previous one, from which the rerun redoes these updates and writes these names again
+            others = [self.save_dir / n for n in dict.fromkeys(names) if n != LAST]
+            ck.save_checkpoint(state, self.save_dir / LAST, links=others)
             removed = ck.prune_checkpoints(self.save_dir, self.cfg.keep_last_updates, self.cfg.keep_last_epochs)
             self.log.write({"type": "checkpoint", "update": self.state.update, "files": [LAST, *names],
                             "removed": [p.name for p in removed], "seconds": round(time.perf_counter() - t0, 3)})
         D.barrier(self.info)
         lp.saved_at_update = self.state.update
         lp.best_pending = False
+
+    def _tidy_save_dir(self) -> None:
+        """Finish what a killed save left undone (under the save-dir lock, before anything is written).
+
+        Its temporary files go, and the pruning it may not have reached is done; the checkpoint
+        names it may have missed come back when the updates since checkpoint_last.pt are redone
+        (_save writes checkpoint_last.pt after them).
+        """
+        ck.remove_leftovers(self.save_dir)
+        if self.save_dir.is_dir():
+            ck.prune_checkpoints(self.save_dir, self.cfg.keep_last_updates, self.cfg.keep_last_epochs)
 
     def _final_save(self) -> None:
         """checkpoint_last.pt (and the best, if pending) unless this update was just saved."""
@@ -355,6 +371,8 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         lock = _SaveDirLock(self.save_dir) if info.is_main else None
         try:
+            if info.is_main:
+                self._tidy_save_dir()
             D.init(info, self.device.type)
             try:
                 return self._run()
@@ -598,10 +616,13 @@ class _SaveDirLock:
                             "wait for it to finish or choose another --save-dir") from None
         import socket
 
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        fh.flush()
+        from nmtkit.io import reporting_disk_full
+
+        with reporting_disk_full(directory / ".nmtkit-train.lock"):
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            fh.flush()
         self.fh = fh
 
     def release(self) -> None:
@@ -623,23 +644,6 @@ def _peak_rss_mib() -> float | None:
         return round(kib / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS
     except (ImportError, OSError):
         return None
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Make `dst` an atomic copy of `src`: a hard link if possible, else a copied temp file."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    try:
-        os.link(src, tmp)
-    except OSError:
-        import shutil
-
-        with open(src, "rb") as fi, open(tmp, "wb") as fo:
-            shutil.copyfileobj(fi, fo, 1 << 22)
-            fo.flush()
-            os.fsync(fo.fileno())
-    os.replace(tmp, dst)
 
 
 def train(cfg: TrainConfig, progress_console=None) -> TrainResult:
