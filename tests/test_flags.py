@@ -147,6 +147,8 @@ EXPECTED = {
         "--workers": (1, None),
         "--shard-size": (1000000, None),
         "--force": (False, None),
+        "--srcdict": (None, None),
+        "--tgtdict": (None, None),
         "--task": ('translation', 'Parsing'),
         "--treebank": (None, 'Parsing'),
         "--split": (None, 'Parsing'),
