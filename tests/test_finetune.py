@@ -255,6 +255,18 @@ def test_resume_without_resets_keeps_everything(run6):
     assert lrs[6] == pytest.approx(3e-3 * math.sqrt(5 / 7))  # update 7 on the schedule's own curve
 
 
+def test_resume_takes_the_checkpoints_architecture_and_allows_non_shape_changes(run6):
+    data, run = run6
+    T.train(config(data, run, max_update=7, no_validate=True, arch=None, arch_overrides={"dropout": 0.2}))
+    s = last(run)
+    assert s["arch"] == "transformer_tiny" and s["arch_config"]["dropout"] == 0.2 and s["update"] == 7
+    start = [r for r in read_log(run / "train_log.jsonl") if r["type"] == "start"][-1]
+    assert start["start"] == "resume" and start["arch_changes"] == {"dropout": [0.1, 0.2]}
+    with pytest.raises(UserError, match=r"holds a model of arch 'transformer_tiny' that differs from this run's "
+                                         r"'transformer_tiny' \(heads: 4 != 2\)"):
+        T.train(config(data, run, max_update=8, arch=None, arch_overrides={"heads": 2}))
+
+
 @pytest.mark.parametrize("reset,steps", [("reset_optimizer", {2}), ("reset_lr_scheduler", {8})])
 def test_reset_optimizer_and_lr_scheduler(run6, reset, steps):
     data, run = run6

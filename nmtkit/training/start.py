@@ -68,10 +68,12 @@ class Start:
         theirs = _arch_dict(self.state, self.path)
         self.changed = {k: [theirs.get(k), ours[k]] for k in NON_SHAPE_FIELDS if theirs.get(k) != ours[k]}
         if self.kind == "resume":
-            # the message of a resume (naming both architectures) is checkpoints.check_same_model's
-            ck.check_same_model(self.state, str(self.path), arch=self.arch,
-                                arch_config={**ours, **{k: self.state["arch_config"][k] for k in NON_SHAPE_FIELDS
-                                                        if k in self.state["arch_config"]}},
+            # the message of a resume (naming both architectures) is checkpoints.check_same_model's;
+            # it compares the shape only: the non-shape fields are taken as the checkpoint has them
+            saved = self.state["arch_config"]
+            shape = {k: v for k, v in ours.items() if k not in NON_SHAPE_FIELDS}
+            shape.update({k: saved[k] for k in NON_SHAPE_FIELDS if k in saved})
+            ck.check_same_model(self.state, str(self.path), arch=self.arch, arch_config=shape,
                                 dictionaries=dictionaries)
             self._check_resume(cfg, data_dir, manifest_id, batching_key)
         else:
