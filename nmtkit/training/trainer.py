@@ -1,7 +1,11 @@
 """The training loop of `nmtkit train`: the paper's recipe (section 5), resumable and multi-device.
 
-`Trainer` sets up (data, model, optimizer; resuming from SAVE_DIR/checkpoint_last.pt) and runs
-the loop: updates, logging, validation, checkpoints and stopping. The concerns it delegates:
+`Trainer` sets up (data, model, optimizer; resuming from SAVE_DIR/checkpoint_last.pt, or starting
+from --finetune-from-model's weights) and runs the loop: updates, logging, validation, checkpoints
+and stopping. The concerns it delegates:
+
+  start.py             where the run starts (fresh, resumed, fine-tuned), its architecture, the
+                       checks against the checkpoint and which --reset-* apply
 
   step.py              one update (forward/backward over the micro-batches, clip, Adam, EMA) -> StepResult
   stopping.py          every stopping rule, in one function (`stop_reason`)
