@@ -61,8 +61,8 @@ NMTKIT_SHARED=${NMTKIT_SHARED:-$ROOT/../shared}
 WMT14_DIR=${WMT14_DIR:-$NMTKIT_SHARED/data/wmt14}
 DOWNLOAD_DIR=${DOWNLOAD_DIR:-$ROOT/work/wmt14_download}   # shared with the wmt14 recipes
 # statmt.org archives and md5 sums (as in recipes/wmt14_en_de/run.sh)
-DEV_URL="https://statmt.org/wmt14/dev.tgz 88ba3fc60b2278d59277122e1c7dd6e7"
-TEST_URL="https://statmt.org/wmt14/test-full.tgz a8cd784e006feb32ac6f3d9ec7eb389a"
+DEV_URL="https://statmt.org/wmt14/dev.tgz ${DEV_MD5:-88ba3fc60b2278d59277122e1c7dd6e7}"
+TEST_URL="https://statmt.org/wmt14/test-full.tgz ${TEST_MD5:-a8cd784e006feb32ac6f3d9ec7eb389a}"
 NEWS_TRAIN_LINES=$(s 300 3000)          # newstest2013 pairs to fine-tune on (3000: all of it)
 NEWS_VALID_LINES=$(s 100 1003)          # newstest2014 lines 1..N: validation (best checkpoint)
 NEWS_TEST_LINES=$(s 100 2000)           # newstest2014's last N lines: the held-out news test
@@ -130,7 +130,7 @@ _download_news() {  # statmt.org's dev.tgz and test-full.tgz -> $WORK/news/*.gz 
     _data_py extract "$DOWNLOAD_DIR/dev.tgz" "$WORK/extract" dev/newstest2013-ref.de.sgm dev/newstest2013-ref.en.sgm
     _data_py extract "$DOWNLOAD_DIR/test-full.tgz" "$WORK/extract" \
         test-full/newstest2014-deen-src.de.sgm test-full/newstest2014-deen-ref.en.sgm
-    local pair
+    local pair src name
     for pair in "dev/newstest2013-ref.de.sgm newstest2013.de" "dev/newstest2013-ref.en.sgm newstest2013.en" \
                 "test-full/newstest2014-deen-src.de.sgm newstest2014-ende.de" \
                 "test-full/newstest2014-deen-ref.en.sgm newstest2014-ende.en"; do

@@ -179,6 +179,41 @@ def test_finetune_smoke(tmp_path):
     assert r2.stderr.count("up to date") == 6 and TABLE_ROW.findall(r2.stdout) == rows
 
 
+def test_finetune_news_from_statmt_archives(tmp_path):
+    """The data stage without a local copy: newstest2013/2014 taken from archives laid out like
+    statmt.org's dev.tgz and test-full.tgz (made here from the shared text; the real ones are
+    downloaded), extracted as sacreBLEU does, then sliced into train / valid / held-out test."""
+    _need_wmt14()
+    wmt = SHARED / "data" / "wmt14"
+    flickr = shared_file("multi30k", "test_2016_flickr.en.gz")
+    dl = tmp_path / "download"
+    dl.mkdir()
+    with tarfile.open(dl / "dev.tgz", "w:gz") as t:
+        for lang in ("de", "en"):
+            _add(t, f"dev/newstest2013-ref.{lang}.sgm", _sgm(_lines(wmt / f"newstest2013.{lang}.gz"), lang))
+    with tarfile.open(dl / "test-full.tgz", "w:gz") as t:
+        for name in ("newstest2014-deen-src.de.sgm", "newstest2014-deen-ref.en.sgm"):
+            _add(t, f"test-full/{name}", gzip.decompress((wmt / "sgm" / f"{name}.gz").read_bytes()))
+    import hashlib
+
+    md5 = {n: hashlib.md5((dl / n).read_bytes()).hexdigest() for n in ("dev.tgz", "test-full.tgz")}
+    (tmp_path / "empty").mkdir()
+    work = tmp_path / "ft"
+    env = _env(work, STAGE="data", LAST_STAGE="data", WMT14_DIR=str(tmp_path / "empty"), DOWNLOAD_DIR=str(dl),
+               DEV_MD5=md5["dev.tgz"], TEST_MD5=md5["test-full.tgz"], FLICKR_REF=str(flickr))
+    r = _run(["bash", "recipes/finetune.sh"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "lacks the newstest files: downloading them" in r.stderr and "downloading https" not in r.stderr
+    raw = work / "raw"
+    for lang in ("de", "en"):
+        assert (raw / f"train.{lang}").read_text(encoding="utf-8").split("\n")[:-1] == _lines(wmt / f"newstest2013.{lang}.gz")
+        news14 = _lines(wmt / f"newstest2014-ende.{lang}.gz")
+        assert (raw / f"valid.{lang}").read_text(encoding="utf-8").split("\n")[:-1] == news14[:1003]
+        assert (raw / f"test.{lang}").read_text(encoding="utf-8").split("\n")[:-1] == news14[-2000:]
+    assert len((raw / "flickr.en").read_text(encoding="utf-8").split("\n")) - 1 == 1000
+    assert not (work / "extract").exists()
+
+
 def test_recipes_refuse_bad_settings(tmp_path):
     env = _env(tmp_path / "w", SMOKE="1")
     for extra, msg in [
