@@ -48,7 +48,7 @@ LIBRARY_ONLY = {
 EXPECTED = {
     "train": {
         "data_dir": (..., None),
-        "--arch": ('transformer_base', None),
+        "--arch": (None, None),
         "--save-dir": (..., None),
         "--max-tokens": (4096, 'Data and batching'),
         "--batch-size": (None, 'Data and batching'),
@@ -90,6 +90,13 @@ EXPECTED = {
         "--log-interval": (100, 'Logging and robustness'),
         "--no-progress-bar": (False, 'Logging and robustness'),
         "--max-nan-skips": (10, 'Logging and robustness'),
+        "--tensorboard-logdir": (None, 'Logging and robustness'),
+        "--finetune-from-model": (None, 'Fine-tuning and continued training'),
+        "--ema": (False, 'Fine-tuning and continued training'),
+        "--reset-optimizer": (False, 'Fine-tuning and continued training'),
+        "--reset-lr-scheduler": (False, 'Fine-tuning and continued training'),
+        "--reset-dataloader": (False, 'Fine-tuning and continued training'),
+        "--reset-meters": (False, 'Fine-tuning and continued training'),
     },
     "generate": {
         "data_dir": (..., None),
@@ -147,6 +154,8 @@ EXPECTED = {
         "--workers": (1, None),
         "--shard-size": (1000000, None),
         "--force": (False, None),
+        "--srcdict": (None, None),
+        "--tgtdict": (None, None),
         "--task": ('translation', 'Parsing'),
         "--treebank": (None, 'Parsing'),
         "--split": (None, 'Parsing'),

@@ -146,6 +146,74 @@ def test_quickstart_smoke(tmp_path):
     assert (work / "test_2016_flickr.hyp.en").is_file()
 
 
+TABLE_ROW = re.compile(r"^  (news \(newstest2014, last 100 lines, held out\)|Multi30k test_2016_flickr \(200 lines\))"
+                       r"\s+(\d+\.\d\d) -> +(\d+\.\d\d)$", re.M)
+
+
+def test_finetune_smoke(tmp_path):
+    """recipes/finetune.sh --smoke: the quickstart's smoke model (made on the way), fine-tuned on
+    300 news pairs binarized with its own vocabulary; both test sets scored before and after."""
+    data = shared_file("multi30k", "train.de.gz").parent
+    shared_file("wmt14", "newstest2013.de.gz")
+    work, qs = tmp_path / "finetune", tmp_path / "quickstart"
+    env = _env(work, NMTKIT_DATA=str(data), QUICKSTART_WORK=str(qs))
+    r = _run(["bash", "recipes/finetune.sh", "--smoke"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = TABLE_ROW.findall(r.stdout)
+    assert [row[0].split(" ")[0] for row in rows] == ["news", "Multi30k"], r.stdout
+    lines = [m.group(0) for m in SCORE_LINE.finditer(r.stdout)]
+    assert len(lines) == 2 and "| lines: 100" in lines[0] and "| lines: 200" in lines[1], r.stdout
+    for stage in ("base", "data", "preprocess", "before", "train", "after"):
+        assert f"[finetune] {stage}: done" in r.stderr, stage
+    # the fine-tuned model started from the quickstart's, on data with the same dictionaries
+    from nmtkit import checkpoints as ck
+
+    base = ck.load_checkpoint(qs / "checkpoints" / "average_last2.pt")
+    ft = ck.load_checkpoint(work / "checkpoints" / "checkpoint_last.pt")
+    assert ft["train_args"]["finetune_from_model"] == str(qs / "checkpoints" / "average_last2.pt")
+    assert ft["dictionaries"] == base["dictionaries"] and ft["arch_config"]["dropout"] == 0.3
+    assert (work / "tensorboard").is_dir() and list((work / "tensorboard").glob("events.out.tfevents.*"))
+    # a second run: everything up to date, the same table again
+    r2 = _run(["bash", "recipes/finetune.sh", "--smoke"], env)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert r2.stderr.count("up to date") == 6 and TABLE_ROW.findall(r2.stdout) == rows
+
+
+def test_finetune_news_from_statmt_archives(tmp_path):
+    """The data stage without a local copy: newstest2013/2014 taken from archives laid out like
+    statmt.org's dev.tgz and test-full.tgz (made here from the shared text; the real ones are
+    downloaded), extracted as sacreBLEU does, then sliced into train / valid / held-out test."""
+    _need_wmt14()
+    wmt = SHARED / "data" / "wmt14"
+    flickr = shared_file("multi30k", "test_2016_flickr.en.gz")
+    dl = tmp_path / "download"
+    dl.mkdir()
+    with tarfile.open(dl / "dev.tgz", "w:gz") as t:
+        for lang in ("de", "en"):
+            _add(t, f"dev/newstest2013-ref.{lang}.sgm", _sgm(_lines(wmt / f"newstest2013.{lang}.gz"), lang))
+    with tarfile.open(dl / "test-full.tgz", "w:gz") as t:
+        for name in ("newstest2014-deen-src.de.sgm", "newstest2014-deen-ref.en.sgm"):
+            _add(t, f"test-full/{name}", gzip.decompress((wmt / "sgm" / f"{name}.gz").read_bytes()))
+    import hashlib
+
+    md5 = {n: hashlib.md5((dl / n).read_bytes()).hexdigest() for n in ("dev.tgz", "test-full.tgz")}
+    (tmp_path / "empty").mkdir()
+    work = tmp_path / "ft"
+    env = _env(work, STAGE="data", LAST_STAGE="data", WMT14_DIR=str(tmp_path / "empty"), DOWNLOAD_DIR=str(dl),
+               DEV_MD5=md5["dev.tgz"], TEST_MD5=md5["test-full.tgz"], FLICKR_REF=str(flickr))
+    r = _run(["bash", "recipes/finetune.sh"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "lacks the newstest files: downloading them" in r.stderr and "downloading https" not in r.stderr
+    raw = work / "raw"
+    for lang in ("de", "en"):
+        assert (raw / f"train.{lang}").read_text(encoding="utf-8").split("\n")[:-1] == _lines(wmt / f"newstest2013.{lang}.gz")
+        news14 = _lines(wmt / f"newstest2014-ende.{lang}.gz")
+        assert (raw / f"valid.{lang}").read_text(encoding="utf-8").split("\n")[:-1] == news14[:1003]
+        assert (raw / f"test.{lang}").read_text(encoding="utf-8").split("\n")[:-1] == news14[-2000:]
+    assert len((raw / "flickr.en").read_text(encoding="utf-8").split("\n")) - 1 == 1000
+    assert not (work / "extract").exists()
+
+
 def test_recipes_refuse_bad_settings(tmp_path):
     env = _env(tmp_path / "w", SMOKE="1")
     for extra, msg in [
@@ -163,6 +231,10 @@ def test_recipes_refuse_bad_settings(tmp_path):
     assert r.returncode == 2 and "model must be base or big, got 'huge'" in r.stderr
     r = _run(["bash", "recipes/quickstart.sh", "--fast"], env)
     assert r.returncode == 2 and "unknown option --fast" in r.stderr
+    r = _run(["bash", "recipes/finetune.sh", "--fast"], env)
+    assert r.returncode == 2 and "unknown option --fast" in r.stderr
+    r = _run(["bash", "recipes/finetune.sh", "--smoke"], {**env, "MAX_UPDATE": "many"})
+    assert r.returncode == 2 and "MAX_UPDATE must be a non-negative integer, got 'many'" in r.stderr
     assert not (tmp_path / "w").exists()  # refused before writing anything
 
 

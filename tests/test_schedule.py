@@ -78,5 +78,14 @@ def test_inverse_sqrt_on_both_sides_of_the_warmup_edge():
 def test_state_dict_names_every_setting_and_round_trips():
     s = Schedule("inverse_sqrt", warmup=7, d_model=256, lr_scale=3.0, peak_lr=2e-3, warmup_init_lr=1e-5)
     assert s.state_dict() == {"name": "inverse_sqrt", "warmup": 7, "d_model": 256, "lr_scale": 3.0,
-                              "peak_lr": 2e-3, "warmup_init_lr": 1e-5}
+                              "peak_lr": 2e-3, "warmup_init_lr": 1e-5, "start": 0}
     assert Schedule(**s.state_dict()) == s
+
+
+def test_start_restarts_the_schedule_at_a_later_update():
+    # a reset at update 1000: update 1000 + u runs at the rate of update u of a fresh schedule
+    fresh = Schedule("inverse_sqrt", warmup=10, peak_lr=1e-3)
+    later = Schedule("inverse_sqrt", warmup=10, peak_lr=1e-3, start=1000)
+    assert [later.lr(1000 + u) for u in (1, 5, 10, 40)] == [1e-4, 5e-4, 1e-3, 5e-4]
+    assert [later.lr(1000 + u) for u in (1, 5, 10, 40)] == [fresh.lr(u) for u in (1, 5, 10, 40)]
+    assert Schedule(**later.state_dict()) == later

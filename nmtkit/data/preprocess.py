@@ -43,7 +43,7 @@ from typing import Optional
 import numpy as np
 
 from nmtkit import __version__
-from nmtkit.data import subwords
+from nmtkit.data import reuse, subwords
 from nmtkit.data.dictionary import Dictionary
 from nmtkit.data.manifest import (  # noqa: F401  (re-exported: the data-dir API lives with the pipeline)
     FORMAT_NAME,
@@ -62,7 +62,7 @@ from nmtkit.data.subwords import load_subword_model  # noqa: F401
 from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, iter_line_chunks, scan_text_file
 from nmtkit.errors import UserError
 from nmtkit.io import resolve_text_path
-from nmtkit.settings import setting, split_prefixes
+from nmtkit.settings import setting, split_prefixes, to_str
 
 __all__ = [
     "PreprocessConfig", "PreprocessResult", "preprocess", "clean_mask",
@@ -115,6 +115,9 @@ class PreprocessConfig:
     # sentences per shard
     shard_size: int = setting(1_000_000, flag="--shard-size", help="Sentences per shard file.")
     force: bool = setting(False, flag="--force", help="Replace a DESTDIR that holds something else (only once the new data is complete).")
+    # reuse an existing model's vocabulary (nmtkit.data.reuse): no subword learning, fixed dictionaries
+    srcdict: str | None = setting(None, flag="--srcdict", cli_type=Optional[Path], parse=to_str, help="Reuse this source dictionary instead of building one: a data directory (its dictionary and subword model for the source language) or a dict file (with --bpe none).")
+    tgtdict: str | None = setting(None, flag="--tgtdict", cli_type=Optional[Path], parse=to_str, help="Reuse this target dictionary (a data directory or a dict file), as --srcdict.")
     # Library-only settings (no flags of their own; `--task parsing` uses them, see
     # nmtkit/parsing/pipeline.py):
     target_bpe: str | None = None  # "none": the target side is taken as whitespace tokens, no subword model
@@ -160,6 +163,13 @@ class PreprocessConfig:
             raise UserError(f"--min-len {self.min_len} is larger than --max-len {self.max_len}")
         if self.joined_dictionary and (self.nwordstgt != -1 or self.thresholdtgt != 0):
             raise UserError("--nwordstgt/--thresholdtgt do not apply with --joined-dictionary (use --nwordssrc/--thresholdsrc)")
+        if self.srcdict is not None or self.tgtdict is not None:
+            for flag, value, default in (("--nwordssrc", self.nwordssrc, -1), ("--nwordstgt", self.nwordstgt, -1),
+                                         ("--thresholdsrc", self.thresholdsrc, 0), ("--thresholdtgt", self.thresholdtgt, 0)):
+                if value != default:
+                    raise UserError(f"{flag} does not apply with --srcdict/--tgtdict: the reused dictionaries are taken as they are")
+            if self.target_bpe is not None:
+                raise UserError("--srcdict/--tgtdict apply to --task translation")
         if self.target_bpe not in (None, "none"):
             raise UserError(f"target_bpe must be None or 'none', got {self.target_bpe!r}")
         for name, path in self.extra_files.items():
@@ -184,6 +194,9 @@ class PreprocessConfig:
         for k in ("target_bpe", "extra_files"):
             if not d[k]:
                 d.pop(k)
+        # reused dictionaries count by content (preprocess adds "reused"), not by where they were
+        d.pop("srcdict")
+        d.pop("tgtdict")
         return d
 
 
@@ -475,7 +488,11 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
     t0 = time.perf_counter()
     dest = Path(cfg.destdir)
     inputs = _resolve_inputs(cfg)
+    reused = reuse.resolve(cfg.srcdict, cfg.tgtdict, cfg.source_lang, cfg.target_lang, cfg.joined_dictionary, cfg.bpe)
     existing = _check_destination(dest, inputs, cfg.force)
+    for side in (reused or {}).values():
+        if side.data_dir is not None and side.data_dir.resolve() == dest.resolve():
+            raise UserError(f"--destdir {dest} is the data directory {side.flag} reuses; choose another directory")
 
     # 1. check every input before anything is written: UTF-8, line counts, checksums
     total_bytes = sum(p.stat().st_size for _, paths in inputs.values() for p in paths.values())
@@ -497,6 +514,8 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         f"{infos['train'][cfg.source_lang].lines:,} training pairs ({timings['check']:.1f}s)")
     inputs_json = {s: {lang: i.as_json() for lang, i in v.items()} for s, v in infos.items()}
     options = cfg.output_options()
+    if reused is not None:
+        options["reused"] = {lang: reused[lang].describe() for lang in (cfg.source_lang, cfg.target_lang)}
     fingerprint = _fingerprint(options, inputs_json)
 
     if existing is not None and not cfg.force:
@@ -514,7 +533,7 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
-        manifest = _build(cfg, tmp, inputs, infos, progress, log, timings)
+        manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
         for name, path in cfg.extra_files.items():
             shutil.copyfile(path, tmp / name)
             manifest["files"][name] = sha256_file(tmp / name)
@@ -668,14 +687,21 @@ def _grow_add(acc: np.ndarray, new: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
+def _build(cfg, tmp: Path, inputs, infos, progress, log, timings, reused=None) -> dict:
+    """`reused`: {lang: nmtkit.data.reuse.ReusedSide} for --srcdict/--tgtdict (subword models
+    copied, dictionaries taken as they are), or None to learn both from the training text."""
     src, tgt = cfg.source_lang, cfg.target_lang
     langs = (src, tgt)
     files: dict[str, str] = {}  # file name -> sha256
 
     # 2. subword model(s)
     t = time.perf_counter()
-    sub = _learn_subwords(cfg, tmp, inputs, infos, progress, log)
+    if reused is None:
+        sub = _learn_subwords(cfg, tmp, inputs, infos, progress, log)
+    else:
+        sub = reuse.install_subwords(reused, src, tgt, tmp)
+        log(f"reusing subword model(s) {', '.join(sorted(set(n for n in sub['files'].values() if n))) or 'none'} "
+            f"and the dictionaries of {', '.join(sorted(set(sub['reused_from'].values())))}")
     for name in set(n for n in sub["files"].values() if n):
         files[name] = sha256_file(tmp / name)
     model_files = {lang: (str(tmp / n) if n else None) for lang, n in sub["files"].items()}
@@ -728,7 +754,9 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
         # training text never used it), so valid/test/new input never turn a piece the model
         # can emit into <unk>; string tokens: only those seen (fairseq), as nothing else is known.
         tok_counts = {lang: _token_counts(tokens[lang], counts[lang], keep_zero=spm_mode[lang]) for lang in langs}
-        if cfg.joined_dictionary:
+        if reused is not None:  # the model's own dictionaries, unchanged: same ids, same sha256
+            dicts = {lang: reused[lang].dictionary for lang in langs}
+        elif cfg.joined_dictionary:
             joint = Counter(tok_counts[src])
             joint.update(tok_counts[tgt])
             d = Dictionary.from_counts(joint, nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
@@ -741,14 +769,14 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
                 tgt: Dictionary.from_counts(tok_counts[tgt], nwords=cfg.nwordstgt, threshold=cfg.thresholdtgt,
                                             pad_to_multiple=cfg.pad_to_multiple),
             }
-        dict_entry: dict = {"joined": cfg.joined_dictionary}
+        dict_entry: dict = {"joined": cfg.joined_dictionary or (reused is not None and dicts[src].sha256 == dicts[tgt].sha256)}
         for lang in langs:
             name = f"dict.{lang}.txt"
             files[name] = dicts[lang].save(tmp / name)
             dict_entry[lang] = {"file": name, "size": len(dicts[lang])}
         dtypes = {lang: dtype_for_vocab(len(dicts[lang])) for lang in langs}
         log(f"dictionaries: {src} {len(dicts[src]):,}, {tgt} {len(dicts[tgt]):,}"
-            f"{' (joined)' if cfg.joined_dictionary else ''}; shards in {dtypes[src].name}/{dtypes[tgt].name}")
+            f"{' (joined)' if dict_entry['joined'] else ''}; shards in {dtypes[src].name}/{dtypes[tgt].name}")
 
         # 5. provisional ids -> dictionary ids
         t = time.perf_counter()

@@ -73,6 +73,13 @@ class PreprocessJob:
             raise UserError(f"--vocab-size applies to --bpe sentencepiece, not --bpe {c['bpe']}")
         if c["bpe"] != "subword-nmt" and c["bpe_merges"] is not None:
             raise UserError(f"--bpe-merges applies to --bpe subword-nmt, not --bpe {c['bpe']}")
+        if c["srcdict"] is not None or c["tgtdict"] is not None:
+            if task == "parsing":
+                raise UserError("--srcdict/--tgtdict apply to --task translation")
+            for flag, name in (("--vocab-size", "vocab_size"), ("--bpe-merges", "bpe_merges")):
+                if c[name] is not None:
+                    raise UserError(f"{flag} does not apply with --srcdict/--tgtdict: the subword model is reused, "
+                                    "not learned")
         return construct(cls, {**values, "config": c})  # flags still None take the field defaults
 
     def validate(self) -> None:
@@ -122,6 +129,8 @@ def format_summary(result: PreprocessResult) -> str:
         model = f"{src} {kinds[src]}, {tgt} {kinds[tgt]}"
     else:
         model = sub["kind"] if sub["kind"] == "none" else f"{sub['kind']} ({'joint' if sub['joint'] else 'separate'})"
+    if sub.get("reused_from"):
+        model += f" and dictionaries reused from {', '.join(sorted(set(sub['reused_from'].values())))}"
     task = f"; task {m['task']}" if m.get("task") else ""
     if m.get("task") == "parsing":
         task += f" (--pos-tags {m['parsing']['pos_tags']}; gold trees: {', '.join(m['parsing']['gold'].values())})"

@@ -9,12 +9,14 @@ the only places that read them back. File writing (atomic, links, pruning) is th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from nmtkit import checkpoints as ck
+from nmtkit.errors import UserError
 from nmtkit.training import distributed as D
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.ema import EMA
@@ -78,12 +80,54 @@ def restore_weights(state: dict, objs: TrainingObjects, ema_decay: float) -> Non
             objs.ema = EMA(objs.model, ema_decay)
 
 
-def restore_optimization(state: dict, objs: TrainingObjects) -> None:
-    """Adam's moments and step counts and the fp16 loss scale (the schedule is a function of the update)."""
+def restore_optimization(state: dict, objs: TrainingObjects, cfg: TrainConfig | None = None) -> None:
+    """Adam's moments and step counts and the fp16 loss scale (the schedule is a function of the update).
+
+    With `cfg`, this run's --adam-betas, --adam-eps and --weight-decay replace the saved ones
+    (fairseq's optimizer overrides): loading a state_dict would otherwise bring the old values
+    back silently. Unchanged settings give the same values, so an exact resume stays exact.
+    """
     tr = state["train"]
     objs.optimizer.load_state_dict(tr["optimizer"])
+    if cfg is not None:
+        for g in objs.optimizer.param_groups:
+            g.update(betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     if tr.get("scaler"):
         objs.scaler.load_state_dict(tr["scaler"])
+
+
+def restore_finetune(state: dict, objs: TrainingObjects, use_ema: bool, ema_decay: float, where: str) -> None:
+    """The weights only (raw, or the EMA's with `use_ema`): the start of a fine-tuning run.
+
+    Everything else stays as built: a fresh optimizer, schedule, data position and counters; the
+    EMA (with --ema-decay) starts from the loaded weights, not from the checkpoint's average.
+    """
+    weights = state["ema"] if use_ema else state["model"]
+    try:
+        objs.model.load_state_dict(weights)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise UserError(f"{where}: weights do not fit its own architecture config: {first}") from None
+    if objs.ema is not None:
+        objs.ema = EMA(objs.model, ema_decay)
+
+
+def apply_resets(state: dict, objs: TrainingObjects, st: TrainState, resets: dict[str, bool]) -> None:
+    """What --reset-lr-scheduler / --reset-optimizer, --reset-dataloader and --reset-meters drop
+    after a full restore (docs/train.md "Continued training"); --reset-optimizer's own part (Adam
+    not restored) is `restore`'s."""
+    restart = resets.get("reset_optimizer") or resets.get("reset_lr_scheduler")
+    start = st.update if restart else int(state["train"]["scheduler"].get("start", 0))
+    objs.schedule = dataclasses.replace(objs.schedule, start=start)
+    if resets.get("reset_dataloader") and st.batch_offset > 0:
+        # a new epoch from its first batch; epochs keep counting, so the earlier run's
+        # checkpointEPOCH.pt files are never overwritten and --max-epoch stays a total
+        st.epoch += 1
+        st.batch_offset = 0
+    if resets.get("reset_meters"):
+        st.nan_skips = st.consecutive_nan = st.oom_skips = st.overflow_skips = 0
+        st.elapsed_s = 0.0
+        st.best, st.bad_validations = None, 0
 
 
 def restore_progress(state: dict, st: TrainState, info: D.DistInfo, seed: int) -> dict | None:
@@ -111,8 +155,14 @@ def restore_progress(state: dict, st: TrainState, info: D.DistInfo, seed: int) -
     return pos.get("batching")
 
 
-def restore(state: dict, objs: TrainingObjects, st: TrainState, info: D.DistInfo, cfg: TrainConfig) -> dict | None:
-    """Everything, for resuming a run exactly; -> the batching key the checkpoint was made under."""
+def restore(state: dict, objs: TrainingObjects, st: TrainState, info: D.DistInfo, cfg: TrainConfig,
+            resets: dict[str, bool] | None = None) -> dict | None:
+    """Everything, for resuming a run (exactly, without resets); -> the batching key the
+    checkpoint was made under. `resets`: which --reset-* this run applies (start.Start.resets)."""
+    resets = resets or {}
     restore_weights(state, objs, cfg.ema_decay)
-    restore_optimization(state, objs)
-    return restore_progress(state, st, info, cfg.seed)
+    if not resets.get("reset_optimizer"):
+        restore_optimization(state, objs, cfg)
+    batching = restore_progress(state, st, info, cfg.seed)
+    apply_resets(state, objs, st, resets)
+    return batching

@@ -74,6 +74,7 @@ P_STOP = "Stopping"
 P_VALID = "Validation"
 P_CKPT = "Checkpoints"
 P_LOG = "Logging and robustness"
+P_FT = "Fine-tuning and continued training"
 
 
 @dataclass
@@ -83,7 +84,8 @@ class TrainConfig:
     data_dir: str = setting(flag="data_dir", argument=True, cli_type=Path, parse=to_str,
                             help="A data directory written by 'nmtkit preprocess'.")
     save_dir: str = setting(flag="--save-dir", cli_type=Path, parse=to_str, help="Checkpoints and train_log.jsonl go here; if it holds checkpoint_last.pt, training resumes from it.")
-    arch: str = setting("transformer_base", flag="--arch", help="Named architecture (see 'nmtkit archs'); the flags in the Architecture panel override its fields.")
+    # None: transformer_base, or the checkpoint's architecture when resuming or fine-tuning
+    arch: str | None = setting(None, flag="--arch", show_default=False, help="Named architecture (see 'nmtkit archs'); the flags in the Architecture panel override its fields [default: transformer_base; when resuming or fine-tuning, the checkpoint's].")
     # ArchConfig fields the user set: the train command's Architecture flags (nmtkit.cli.arch_options)
     arch_overrides: dict[str, Any] = field(default_factory=dict)
     # data
@@ -135,6 +137,14 @@ class TrainConfig:
     log_interval: int = setting(100, flag="--log-interval", panel=P_LOG, help="Log training statistics every N updates.")
     progress_bar: bool = setting(True, flag="--no-progress-bar", cli_type=bool, cli_default=False, parse=negate, panel=P_LOG, help="Plain log lines instead of the progress bar.")
     max_nan_skips: int = setting(10, flag="--max-nan-skips", panel=P_LOG, help="Stop after this many NaN/inf updates in a row (each is skipped).")
+    tensorboard_logdir: str | None = setting(None, flag="--tensorboard-logdir", cli_type=Optional[Path], parse=to_str, panel=P_LOG, show_default=False, help="Also write the training and validation curves as TensorBoard scalars here (needs the tensorboard extra); a resumed run continues them.")
+    # fine-tuning and continued training (nmtkit/training/start.py)
+    finetune_from_model: str | None = setting(None, flag="--finetune-from-model", cli_type=Optional[Path], parse=to_str, panel=P_FT, show_default=False, help="Start a new run (update 0, fresh optimizer, schedule and data position) from the weights of this training or inference checkpoint; ignored when SAVE_DIR already holds checkpoint_last.pt (that run resumes).")
+    ema: bool = setting(False, flag="--ema", panel=P_FT, help="With --finetune-from-model: start from the checkpoint's EMA weights instead of its raw weights.")
+    reset_optimizer: bool = setting(False, flag="--reset-optimizer", panel=P_FT, help="Resuming: a fresh Adam (moments, loss scale) and a restarted learning-rate schedule.")
+    reset_lr_scheduler: bool = setting(False, flag="--reset-lr-scheduler", panel=P_FT, help="Resuming: restart the learning-rate schedule (warmup again) from the resumed update; Adam's state is kept.")
+    reset_dataloader: bool = setting(False, flag="--reset-dataloader", panel=P_FT, help="Resuming: forget the data position and start a new epoch from its first batch (needed after changing the data dir, --max-tokens, --batch-size or --seed).")
+    reset_meters: bool = setting(False, flag="--reset-meters", panel=P_FT, help="Resuming: zero the counters, the training time (--max-time) and the early-stopping state (best, --patience count).")
     # library-only settings (no flags)
     log_file: str = "train_log.jsonl"
     prefetch: bool | None = None  # collate the next update in a thread; None = on for CUDA only
@@ -193,6 +203,8 @@ class TrainConfig:
             raise UserError(f"--ema-decay must be in [0, 1), got {self.ema_decay}")
         positive("max_nan_skips")
         positive("log_interval")
+        if self.ema and not self.finetune_from_model:
+            raise UserError("--ema applies with --finetune-from-model (it picks that checkpoint's EMA weights to start from)")
         if self.train_subset == self.valid_subset:
             raise UserError(f"--valid-subset must differ from --train-subset ({self.train_subset!r})")
         return self

@@ -15,6 +15,10 @@ Log records (every record has "type", "time" (UTC ISO) and "update"):
     {"type": "skip", "reason": "nan" | "oom" | "fp16_overflow", ...}
     {"type": "checkpoint", "files": [...], "seconds": s}
     {"type": "end", "reason": "max_update" | "max_epoch" | "max_time" | "patience" | "signal" | ...}
+
+With --tensorboard-logdir the train and valid records are also TensorBoard scalars (TB_TRAIN,
+TB_VALID: train/loss, train/nll_loss, train/ppl, train/lr, train/gnorm, train/tgt_tok_per_s,
+valid/loss, valid/nll_loss, valid/ppl, valid/bleu, valid/best) at step = update.
 """
 
 from __future__ import annotations
@@ -45,16 +49,23 @@ def _clean(v: Any) -> Any:
 
 
 class JsonlLog:
-    """Appends one JSON object per line and flushes, so a crash loses at most the current line."""
+    """Appends one JSON object per line and flushes, so a crash loses at most the current line.
 
-    def __init__(self, path: str | os.PathLike | None):
+    With `tensorboard` (a TensorBoardLog), the train and valid records also become TensorBoard
+    scalars: one writer of the numbers, two formats.
+    """
+
+    def __init__(self, path: str | os.PathLike | None, tensorboard: "TensorBoardLog | None" = None):
         self.path = Path(path) if path else None
         self._fh = None
         if self.path:
             with reporting_disk_full(self.path):
                 self._fh = open(self.path, "a", encoding="utf-8")
+        self.tensorboard = tensorboard
 
     def write(self, record: dict) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         if self._fh is None:
             return
         rec = {"type": record.get("type"), "time": _now(), **{k: _clean(v) for k, v in record.items()}}
@@ -66,6 +77,53 @@ class JsonlLog:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+
+# TensorBoard tags: train record key -> tag, valid record key -> tag (the JSON log's numbers)
+TB_TRAIN = {"loss": "train/loss", "nll_loss": "train/nll_loss", "ppl": "train/ppl", "lr": "train/lr",
+            "gnorm": "train/gnorm", "tgt_tok_per_s": "train/tgt_tok_per_s", "loss_scale": "train/loss_scale"}
+TB_VALID = {"loss": "valid/loss", "nll_loss": "valid/nll_loss", "ppl": "valid/ppl", "bleu": "valid/bleu",
+            "best": "valid/best"}
+
+
+def require_tensorboard():
+    """torch.utils.tensorboard's SummaryWriter, or a one-line UserError naming the extra to install."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        from nmtkit.errors import UserError
+
+        raise UserError("--tensorboard-logdir needs the tensorboard package: pip install 'nmtkit[tensorboard]'") from None
+    return SummaryWriter
+
+
+class TensorBoardLog:
+    """The train and valid log records as TensorBoard scalars, at step = the update number.
+
+    `purge_step` (the first update this run makes): TensorBoard hides the points at that step
+    and later that an earlier, interrupted run wrote to the same folder after its last
+    checkpoint, so a resumed run continues the same curves without a zigzag.
+    """
+
+    def __init__(self, logdir: str | os.PathLike, purge_step: int | None = None):
+        self.writer = require_tensorboard()(log_dir=str(logdir), purge_step=purge_step)
+
+    def write(self, record: dict) -> None:
+        tags = {"train": TB_TRAIN, "valid": TB_VALID}.get(record.get("type"))
+        if tags is None:
+            return
+        step = int(record["update"])
+        for key, tag in tags.items():
+            v = record.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                self.writer.add_scalar(tag, v, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def read_log(path: str | os.PathLike) -> list[dict]:

@@ -13,6 +13,10 @@ resuming only needs u, and the learning rate of update u is fixed before that up
   fairseq sets the rate for update u from u - 1 completed updates, so its first update runs at
   warmup_init_lr (0 by default, a wasted step); here update u runs at lr(u), one step earlier.
 Both need warmup >= 1 (fairseq's inverse_sqrt with warmup 0 silently trains at lr 0).
+
+`start` restarts a schedule in a continued run (`nmtkit train --reset-lr-scheduler` or
+`--reset-optimizer`): update u then runs at lr(u - start), so warmup begins again from the update
+the run resumed at, while the update counter itself keeps counting.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Schedule:
     lr_scale: float = 1.0  # noam only
     peak_lr: float = 5e-4  # inverse_sqrt only
     warmup_init_lr: float = 0.0  # inverse_sqrt only
+    start: int = 0  # updates before the schedule's own update 1 (a reset in a continued run)
 
     def __post_init__(self):
         if self.name not in ("noam", "inverse_sqrt"):
@@ -39,7 +44,7 @@ class Schedule:
             raise ValueError(f"warmup must be >= 1, got {self.warmup}")
 
     def lr(self, update: int) -> float:
-        u = max(int(update), 1)
+        u = max(int(update) - self.start, 1)
         if self.name == "noam":
             return self.lr_scale * self.d_model**-0.5 * min(u**-0.5, u * self.warmup**-1.5)
         if u <= self.warmup:
@@ -55,4 +60,5 @@ class Schedule:
             "lr_scale": self.lr_scale,
             "peak_lr": self.peak_lr,
             "warmup_init_lr": self.warmup_init_lr,
+            "start": self.start,
         }

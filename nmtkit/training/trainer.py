@@ -1,7 +1,11 @@
 """The training loop of `nmtkit train`: the paper's recipe (section 5), resumable and multi-device.
 
-`Trainer` sets up (data, model, optimizer; resuming from SAVE_DIR/checkpoint_last.pt) and runs
-the loop: updates, logging, validation, checkpoints and stopping. The concerns it delegates:
+`Trainer` sets up (data, model, optimizer; resuming from SAVE_DIR/checkpoint_last.pt, or starting
+from --finetune-from-model's weights) and runs the loop: updates, logging, validation, checkpoints
+and stopping. The concerns it delegates:
+
+  start.py             where the run starts (fresh, resumed, fine-tuned), its architecture, the
+                       checks against the checkpoint and which --reset-* apply
 
   step.py              one update (forward/backward over the micro-batches, clip, Adam, EMA) -> StepResult
   stopping.py          every stopping rule, in one function (`stop_reason`)
@@ -17,6 +21,8 @@ bit-identically on CPU.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,8 +45,9 @@ from nmtkit.training import distributed as D
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.ema import EMA
 from nmtkit.training.loss import bits_per_token
-from nmtkit.training.report import JsonlLog, TrainProgress
+from nmtkit.training.report import JsonlLog, TensorBoardLog, TrainProgress, require_tensorboard
 from nmtkit.training.schedule import Schedule
+from nmtkit.training.start import find_start
 from nmtkit.training.state import LoopState, TrainState
 from nmtkit.training.step import MIN_LOSS_SCALE, StepResult, TrainingObjects, UpdateStep, autocast
 from nmtkit.training.step import total_norm as _total_norm  # noqa: F401 - used by recipes/bench/train_profile.py
@@ -52,6 +59,12 @@ __all__ = ["LAST", "BEST", "MIN_LOSS_SCALE", "TrainState", "TrainingStopped", "T
 
 LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
+RESET_EFFECTS = {  # the start line of a resumed run that applies a reset (docs/train.md)
+    "reset_optimizer": "a fresh Adam (and loss scale); the learning-rate schedule starts again from this update",
+    "reset_lr_scheduler": "the learning-rate schedule starts again (warmup) from this update; Adam's state is kept",
+    "reset_dataloader": "a new epoch from its first batch (the saved data position is dropped)",
+    "reset_meters": "skip counters, training time (--max-time) and early stopping (best, --patience) start from zero",
+}
 
 
 @dataclass
@@ -81,10 +94,16 @@ class Trainer:
     """Sets everything up from a TrainConfig, then `run()` trains until a stopping rule fires."""
 
     def __init__(self, cfg: TrainConfig, progress_console=None):
-        from nmtkit.models.registry import apply_overrides, get_arch
-
-        self.cfg = cfg.validate()
-        self.arch_cfg = apply_overrides(get_arch(cfg.arch), cfg.arch_overrides)
+        cfg = cfg.validate()
+        self.save_dir = Path(cfg.save_dir)
+        if self.save_dir.exists() and not self.save_dir.is_dir():
+            raise UserError(f"--save-dir {self.save_dir} exists and is not a directory")
+        if cfg.tensorboard_logdir:
+            require_tensorboard()
+        # resumed, fine-tuned or fresh; the architecture is the checkpoint's unless --arch is given
+        self.start = find_start(cfg, self.save_dir)
+        self.cfg = cfg = dataclasses.replace(cfg, arch=self.start.arch)
+        self.arch_cfg = self.start.arch_cfg
         self.warmup = cfg.warmup_updates if cfg.warmup_updates is not None else self.arch_cfg.warmup_steps
         if self.warmup < 1:
             raise UserError(f"--warmup-updates must be >= 1 (the architecture's warmup_steps is {self.warmup})")
@@ -94,7 +113,6 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self._check_precision()
-        self.save_dir = Path(cfg.save_dir)
         self._console = progress_console
         self._setup_data()
         self._check_save_dir()
@@ -150,24 +168,26 @@ class Trainer:
         self.manifest_id = manifest_id(self.manifest)
 
     def _check_save_dir(self) -> None:
-        if self.save_dir.exists() and not self.save_dir.is_dir():
-            raise UserError(f"--save-dir {self.save_dir} exists and is not a directory")
-        self.resume_state: dict | None = None
-        last = self.save_dir / LAST
-        if last.exists():
-            state = ck.load_checkpoint(last)
-            if "train" not in state:
-                raise UserError(f"{last} is an inference checkpoint (no training state); it cannot be resumed")
-            ck.check_same_model(state, str(last), arch=self.cfg.arch, arch_config=self.arch_cfg.to_dict(),
-                                dictionaries=self.dictionaries)
-            ck.check_training_state(state, last)
+        """The checkpoint this run starts from must fit the data and settings (start.Start.check)."""
+        self.pad_multiple = 8 if self.device.type == "cuda" else 1
+        self.start.check(self.cfg, self.cfg.data_dir, self.manifest, self.dictionaries, self.manifest_id,
+                         self._batching_key())
+        # the stored tensors must fit the architecture before any model is built (a crafted config
+        # with a huge d_ff would otherwise allocate gigabytes first)
+        state = self.start.state
+        if state is not None:
             from nmtkit.models.loading import check_weights
 
             for key in ("model", "ema"):
                 if state.get(key) is not None:
                     check_weights(state[key], self.arch_cfg, len(self.src_dict), len(self.tgt_dict),
-                                  f"{last} ({key})", pad_idx=self.src_dict.pad)
-            self.resume_state = state
+                                  f"{self.start.path} ({key})", pad_idx=self.src_dict.pad)
+
+    def _batching_key(self) -> dict:
+        """The settings that fix the batch plan: a saved data position is a place in it."""
+        cfg = self.cfg
+        return {"max_tokens": cfg.max_tokens, "batch_size": cfg.batch_size, "seed": cfg.seed,
+                "pad_multiple": self.pad_multiple, "world_size": self.info.world_size}
 
     def _autocast(self):
         return autocast(self.device, self.amp_dtype)
@@ -192,13 +212,17 @@ class Trainer:
             scaler=torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16"),
             ema=EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None)
         self.state = TrainState()
-        self.resumed = self.resume_state is not None
+        self.resumed = self.start.resumed
         self._resume_batching = None
-        if self.resume_state is not None:
-            self._resume_batching = checkpoint_state.restore(self.resume_state, self.objs, self.state, info, cfg)
-            self.resume_state = None
+        if self.start.kind == "resume":
+            self._resume_batching = checkpoint_state.restore(self.start.state, self.objs, self.state, info, cfg,
+                                                             resets=self.start.resets)
         else:
+            if self.start.kind == "finetune":
+                checkpoint_state.restore_finetune(self.start.state, self.objs, cfg.ema, cfg.ema_decay,
+                                                  f"--finetune-from-model {self.start.path}")
             torch.manual_seed(cfg.seed + info.rank)  # different dropout masks per rank
+        self.start.state = None  # restored: the checkpoint's tensors are no longer needed
         forward_model, ddp = self._wrap(model)
         self.update_step = UpdateStep(self.objs, forward_model, ddp, device=self.device, info=info,
                                       amp_dtype=self.amp_dtype, epsilon=self.epsilon, clip_norm=cfg.clip_norm)
@@ -231,15 +255,13 @@ class Trainer:
 
     def _make_iterators(self) -> None:
         cfg, a = self.cfg, self.arch_cfg
-        self.pad_multiple = 8 if self.device.type == "cuda" else 1
         self.train_batches = EpochBatches(
             self.train_src, self.train_tgt, max_tokens=cfg.max_tokens, max_sentences=cfg.batch_size,
             max_source_positions=a.max_source_positions, max_target_positions=a.max_target_positions,
             pad_multiple=self.pad_multiple, shuffle=True, seed=cfg.seed, rank=self.info.rank,
             world_size=self.info.world_size,
         )
-        self.batching_key = {"max_tokens": cfg.max_tokens, "batch_size": cfg.batch_size, "seed": cfg.seed,
-                             "pad_multiple": self.pad_multiple, "world_size": self.info.world_size}
+        self.batching_key = self._batching_key()
         self.identity = checkpoint_state.RunIdentity(cfg, self.arch_cfg.to_dict(), self.dictionaries,
                                                      self.manifest_id, self.batching_key)
         self.validator = None
@@ -389,7 +411,12 @@ class Trainer:
         st = self.state
         if info.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-        self.log = JsonlLog(self.save_dir / cfg.log_file if info.is_main else None)
+        tensorboard = None
+        if info.is_main and cfg.tensorboard_logdir:
+            # purge_step: curves written after the checkpoint (by a run that then crashed) are
+            # dropped, so the resumed run continues them without overlapping points
+            tensorboard = TensorBoardLog(cfg.tensorboard_logdir, purge_step=st.update + 1)
+        self.log = JsonlLog(self.save_dir / cfg.log_file if info.is_main else None, tensorboard=tensorboard)
         self.progress = TrainProgress(cfg.progress_bar and info.is_main, cfg.max_update or None, st.update,
                                       self._console)
         self._prepare_run()
@@ -429,19 +456,37 @@ class Trainer:
         st, f = self.state, self.train_batches.filter
         if not self.info.is_main:
             return
+        start = self.start
         self.log.write({"type": "start", "update": st.update, "epoch": st.epoch, "resumed": self.resumed,
+                        "start": start.kind, "from": str(start.path) if start.path else None,
+                        **({"weights": "ema" if self.cfg.ema else "raw", "from_update": start.ckpt_update}
+                           if start.kind == "finetune" else {}),
+                        "arch_changes": start.changed, "resets": [r for r, on in start.resets.items() if on],
                         "arch": self.cfg.arch, "arch_config": self.arch_cfg.to_dict(), "params": self.n_params,
                         "world_size": self.info.world_size, "device": str(self.device),
                         "precision": self.cfg.precision, "train_pairs": len(self.train_src),
                         "train_pairs_skipped": f.skipped, "batches_per_epoch": len(self.train_batches),
                         "peak_rss_mib": _peak_rss_mib()})
-        where = (f"resuming from {self.save_dir / LAST} at update {st.update} (epoch {st.epoch}, batch "
-                 f"{st.batch_offset})" if self.resumed else "starting")
+        for note in start.notes:
+            self.progress.line(note, style="yellow")
+        if start.kind == "resume":
+            where = f"resuming from {self.save_dir / LAST} at update {st.update} (epoch {st.epoch}, batch {st.batch_offset})"
+        elif start.kind == "finetune":
+            where = (f"fine-tuning from {start.path} ({'EMA' if self.cfg.ema else 'raw'} weights of its update "
+                     f"{start.ckpt_update}) as a new run")
+        else:
+            where = "starting"
         self.progress.line(
             f"{where}: {self.cfg.arch} ({self.n_params / 1e6:.1f}M parameters) on {self.device}"
             f"{f' x {self.info.world_size} processes' if self.info.enabled else ''}, {self.cfg.precision}; "
             f"{len(self.train_src)} training pairs, {len(self.train_batches)} batches per epoch"
             f"{f' per process' if self.info.enabled else ''}")
+        if start.changed:
+            self.progress.line("changed from the checkpoint: " + ", ".join(
+                f"{k} {old} -> {new}" for k, (old, new) in start.changed.items()), style="yellow")
+        for r, on in start.resets.items():
+            if on:
+                self.progress.line(f"--{r.replace('_', '-')}: {RESET_EFFECTS[r]}", style="yellow")
         if f.skipped:
             self.progress.line(f"skipping {f.skipped} training pair(s) that do not fit the model: {f.describe()}",
                                style="yellow")
@@ -482,7 +527,7 @@ class Trainer:
                 f"no training batches: all {len(self.train_src)} pairs were skipped or there are fewer batches than "
                 f"processes ({info.world_size}); check --max-tokens and the model's position limits")
         key = self._resume_batching
-        if self.resumed and key and key != self.batching_key and info.is_main:
+        if self.resumed and key and key != self.batching_key and info.is_main and not self.start.resets.get("reset_dataloader"):
             self.progress.line(f"batching settings changed since the checkpoint ({key} -> {self.batching_key}); "
                                f"epoch {st.epoch} continues at batch {st.batch_offset} of the new plan", style="yellow")
 
