@@ -9,9 +9,8 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
-
 from nmtkit.cli.app import app, state
+from nmtkit.console import stderr_console
 from nmtkit.errors import UserError
 
 # Each subcommand module registers its command on `app` when imported; `app` imports a module
@@ -28,12 +27,12 @@ except ImportError:  # pragma: no cover
     _ClickException = None
 _CLICK_ERRORS = tuple(c for c in (_TyperClickException, _ClickException) if c is not None)
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_err = stderr_console()  # no markup, no emoji: `train.de:100:` must not print as `train.de💯`
 
 
 def error_line(message: str) -> None:
     """Print one red `nmtkit: error: ...` line on stderr."""
-    _err.print(f"nmtkit: error: {message}", style="bold red", markup=False)
+    _err.print(f"nmtkit: error: {message}", style="bold red")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -219,28 +219,30 @@ def _progress(enabled: bool, total: int | None):
     """A rich progress bar on stderr (sentences, rate, ETA), or None."""
     if not enabled:
         return None
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
         Progress,
         TaskProgressColumn,
-        TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
 
+    from nmtkit.console import stderr_console, text_column
+
+    console = stderr_console()
     return Progress(
-        TextColumn("generate"),
+        text_column("generate"),
         BarColumn(),
         MofNCompleteColumn(),
         TaskProgressColumn(),
-        TextColumn("{task.fields[rate]} sent/s"),
+        text_column("{task.fields[rate]} sent/s"),
         TimeElapsedColumn(),
-        TextColumn("ETA"),
+        text_column("ETA"),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
         transient=True,
+        disable=not console.is_terminal,  # in a log file, a bar would leave only a blank line
     )
 
 
