@@ -365,3 +365,26 @@ def test_score_is_nan_free_and_lengths_bounded(setup, run_cli):
         if line.startswith("H-"):
             _, score, pieces = line.split("\t")
             assert math.isfinite(float(score)) and len(pieces.split()) <= 2
+
+
+def test_output_into_a_pipe_closed_early_exits_0_quietly(setup, tmp_path):
+    """`nmtkit generate ... | head -3` is a normal use of a Unix filter: when the reader goes
+    away, generate stops with status 0 and no message (click used to turn EPIPE into exit 1).
+    The output (about 4000 sentences, several hundred KB) is far larger than a pipe's buffer, so
+    generate is still writing when head exits."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data, ckpt, _, root = setup
+    src = ["der Hund läuft", "Kind", "die Straße", "zwei Katze springt"]
+    big = tmp_path / "big.de"
+    big.write_text("".join(src[i % len(src)] + "\n" for i in range(4000)), encoding="utf-8")
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "nmtkit", "generate", str(data), "--path", str(ckpt), "-i", str(big),
+           "--format", "fairseq", "--beam", "1", "--max-len-b", "6", "--threads", "1"]
+    r = subprocess.run(["bash", "-c", "set -o pipefail; " + shlex.join(cmd) + " | head -3"], cwd=repo,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and len(r.stdout.splitlines()) == 3, r

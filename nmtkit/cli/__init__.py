@@ -6,10 +6,11 @@ exceptions are bugs and keep their traceback under `--debug` / NMTKIT_DEBUG=1.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
-from nmtkit.cli.app import app, state
+from nmtkit.cli.app import PipeClosed, app, state
 from nmtkit.console import stderr_console
 from nmtkit.errors import UserError
 
@@ -33,6 +34,18 @@ _err = stderr_console()  # no markup, no emoji: `train.de:100:` must not print a
 def error_line(message: str) -> None:
     """Print one red `nmtkit: error: ...` line on stderr."""
     _err.print(f"nmtkit: error: {message}", style="bold red")
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what is still buffered
+    does not fail again on the closed pipe (Python would print "Exception ignored" and exit 120)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (e.g. captured in tests)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         error_line("interrupted")
         sys.exit(130)
-    except BrokenPipeError:
+    except (PipeClosed, BrokenPipeError):
         # `nmtkit generate | head`: the reader went away; that is not an error of ours.
-        sys.stderr.close()
+        _discard_stdout()
         sys.exit(0)
     except Exception as e:  # a bug: say so in one line unless the user asked for the traceback
         if state["debug"]:
