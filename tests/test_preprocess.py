@@ -165,6 +165,24 @@ def test_nwords_and_threshold_cut_to_unk(tmp_path):
     assert load_split(tmp_path / "d", "train", "de")[0].tolist() == [4, 3, 4]
 
 
+def test_a_dictionary_cap_that_makes_most_tokens_unk_warns(tmp_path, corpus, run_cli):
+    """`--nwordssrc 2` once mapped every token to <unk> without a word; now the share is named."""
+    raw, _ = corpus
+    r = _run(run_cli, raw, tmp_path / "a", "--nwordssrc", "6")  # 2 words kept of 25
+    assert r.code == 0, r
+    unk = load_manifest(tmp_path / "a")["splits"]["train"]["unk"]
+    tokens = sum(len(s.split()) for s in (raw / "train.de").read_text().splitlines())
+    warn = [x for x in r.err.splitlines() if "warning" in x]
+    assert warn == [f"nmtkit: warning: --nwordssrc 6 turns {unk['de'] / tokens:.1%} of the de training tokens "
+                    f"({unk['de']:,} of {tokens:,}) into <unk>; raise --nwordssrc (the dictionary size counts "
+                    f"the 4 special symbols)"], r.err
+    assert unk["de"] > tokens / 2 and unk["en"] == 0
+    r = _run(run_cli, raw, tmp_path / "b", "--thresholdtgt", "100000")
+    assert r.code == 0 and "--thresholdtgt 100000 turns 100.0% of the en training tokens" in r.err, r
+    r = _run(run_cli, raw, tmp_path / "c", "--nwordssrc", "20", "--thresholdtgt", "2")  # most tokens kept
+    assert r.code == 0 and "warning" not in r.err, r
+
+
 def test_cleaning_rules_like_moses_on_train_only(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

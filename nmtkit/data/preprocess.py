@@ -62,7 +62,7 @@ from nmtkit.data.subwords import load_subword_model  # noqa: F401
 from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, iter_line_chunks, scan_text_file
 from nmtkit.errors import UserError
 from nmtkit.io import resolve_text_path
-from nmtkit.settings import setting, split_prefixes
+from nmtkit.settings import check_numbers, setting, split_prefixes
 
 __all__ = [
     "PreprocessConfig", "PreprocessResult", "preprocess", "clean_mask",
@@ -132,6 +132,7 @@ class PreprocessConfig:
 
     def validate(self) -> None:
         """Reject impossible settings with a UserError naming the flag."""
+        check_numbers(self)
         for flag, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
             if not lang or any(c in lang for c in "/\\. \t") or lang.startswith("-"):
                 raise UserError(f"{flag} must be a short language code such as 'de', got {lang!r}")
@@ -154,7 +155,7 @@ class PreprocessConfig:
         for flag, value, lo in checks:
             if value < lo:
                 raise UserError(f"{flag} must be >= {lo}, got {value}")
-        if self.ratio != 0 and self.ratio < 1:
+        if self.ratio != 0 and not self.ratio >= 1:
             raise UserError(f"--ratio must be 0 (off) or >= 1, got {self.ratio}")
         if self.max_len and self.min_len > self.max_len:
             raise UserError(f"--min-len {self.min_len} is larger than --max-len {self.max_len}")
@@ -766,6 +767,10 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings) -> dict:
                 unk[lang] += n_unk
         task.finish()
         splits["train"] = _split_entry(langs, final, unk, infos["train"][src].lines, dropped, files)
+        for lang in langs:
+            msg = _unk_warning(cfg, lang, unk[lang], sum(s.tokens for s in prov[lang]))
+            if msg:
+                log(msg)
         timings["write_train"] = time.perf_counter() - t
         timings["binarize_cpu"] = time.process_time() - cpu0 + encoder.worker_cpu - wcpu0
 
@@ -855,6 +860,23 @@ def _remap_shard(tmp: Path, info: ShardInfo, table: np.ndarray, dtype: np.dtype,
     os.unlink(src_path)
     shard = dataclasses.replace(info, bin=out_name, dtype=np.dtype(dtype).name, bin_sha256=h.hexdigest())
     return shard, n_unk
+
+
+# A dictionary cap (--nwords*, --threshold*) that turns more than this share of the training
+# tokens into <unk> is almost certainly a mistake (`--nwordssrc 2` maps everything to <unk>).
+UNK_WARN_SHARE = 0.5
+
+
+def _unk_warning(cfg: PreprocessConfig, lang: str, n_unk: int, n_tokens: int) -> str | None:
+    """A warning line when the dictionary caps of `lang`'s side made most training tokens <unk>."""
+    side = "src" if lang == cfg.source_lang or cfg.joined_dictionary else "tgt"
+    nwords, threshold = getattr(cfg, f"nwords{side}"), getattr(cfg, f"threshold{side}")
+    caps = ([f"--nwords{side} {nwords}"] if nwords > 0 else []) + ([f"--threshold{side} {threshold}"] if threshold > 0 else [])
+    if not caps or n_tokens == 0 or n_unk <= UNK_WARN_SHARE * n_tokens:
+        return None
+    return (f"nmtkit: warning: {' and '.join(caps)} turn{'s' if len(caps) == 1 else ''} {n_unk / n_tokens:.1%} of the {lang} training tokens "
+            f"({n_unk:,} of {n_tokens:,}) into <unk>; raise {caps[0].split()[0]} (the dictionary size counts "
+            f"the 4 special symbols)")
 
 
 def _reasons_text(dropped: Counter) -> str:
