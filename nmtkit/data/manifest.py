@@ -31,7 +31,9 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     """Read and check `DATA_DIR/manifest.json`; a missing one means an incomplete directory."""
     d = Path(data_dir)
     if not d.is_dir():
-        raise UserError(f"data directory not found: {d}")
+        from nmtkit.data.install import interrupted_install_hint
+
+        raise UserError(f"data directory not found: {d}{interrupted_install_hint(d)}")
     p = d / MANIFEST_NAME
     if not p.is_file():
         raise UserError(

@@ -10,8 +10,9 @@ Why it is built this way:
 - Parallel and deterministic: `workers` processes encode chunks of a fixed size; results are
   consumed strictly in input order, so the output does not depend on the number of workers.
 - Never half-written: everything goes into a hidden temporary directory beside DESTDIR, the
-  manifest (the completion marker) is written last, and the directory is renamed into place only
-  then; a previous DESTDIR is moved aside and deleted only after the new one is in place.
+  manifest (the completion marker) is written last, and the directory is swapped into place only
+  then (nmtkit.data.install: `--force` replaces only the files of the dataset there, DESTDIR is
+  never missing, and the next run cleans up after a killed one).
 
 Entry points: `PreprocessConfig`, `preprocess(cfg)`; for the data directory's parts see
 nmtkit.data.manifest (`load_manifest`, `load_dictionaries`, `subword_model_path`, `verify_files`),
@@ -30,9 +31,7 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from typing import Optional
 import numpy as np
 
 from nmtkit import __version__
-from nmtkit.data import subwords
+from nmtkit.data import install, subwords
 from nmtkit.data.dictionary import Dictionary
 from nmtkit.data.manifest import (  # noqa: F401  (re-exported: the data-dir API lives with the pipeline)
     FORMAT_NAME,
@@ -415,8 +414,10 @@ def _describe_difference(old: dict, options: dict, inputs: dict) -> str:
     return ", ".join(diffs[:4]) + (" ..." if len(diffs) > 4 else "") if diffs else "different build"
 
 
-def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]], force: bool) -> dict | None:
-    """Refuse dangerous or occupied destinations early; return the manifest already there, if any."""
+def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]],
+                       force: bool) -> tuple[dict | None, set[str] | None]:
+    """Refuse dangerous or occupied destinations early; return the manifest already there (if
+    any) and the names of the dataset files there (nmtkit.data.install.dataset_files)."""
     if dest.exists() and not dest.is_dir():
         raise UserError(f"--destdir {dest} exists and is not a directory")
     rdest = dest.resolve()
@@ -429,14 +430,18 @@ def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]
             if rdest in p.resolve().parents:
                 raise UserError(f"--destdir {dest} contains the input file {p}; choose another directory")
     if not dest.is_dir() or not any(dest.iterdir()):
-        return None
+        return None, set()
+    owned = install.dataset_files(dest)
+    if force:  # --force replaces the dataset's own files, nothing else
+        install.check_replaceable(dest, owned)
     try:
-        return load_manifest(dest)
+        return load_manifest(dest), owned
     except UserError as e:
         if force:
-            return None
-        raise UserError(f"--destdir {dest} is not empty and holds no complete nmtkit dataset ({e}); "
-                        "pass --force to replace it") from None
+            return None, owned
+        hint = ("pass --force to replace it" if not install.foreign_entries(dest, owned)
+                else "choose a new or empty directory")
+        raise UserError(f"--destdir {dest} is not empty and holds no complete nmtkit dataset ({e}); {hint}") from None
 
 
 def _apply_umask(tmp: Path) -> None:
@@ -448,26 +453,6 @@ def _apply_umask(tmp: Path) -> None:
         os.chmod(p, 0o666 & ~mask)
 
 
-def _install(tmp: Path, dest: Path) -> None:
-    """Move the finished `tmp` to `dest`; an old `dest` is deleted only once the new one is there."""
-    if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(dest, old)
-        try:
-            os.rename(tmp, dest)
-        except BaseException:
-            os.rename(old, dest)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, dest)
-    fd = os.open(dest.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], None] | None = None) -> PreprocessResult:
     """Build (or find up to date) the data directory `cfg.destdir`. See module docstring."""
     log = log or (lambda msg: None)
@@ -476,7 +461,8 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
     t0 = time.perf_counter()
     dest = Path(cfg.destdir)
     inputs = _resolve_inputs(cfg)
-    existing = _check_destination(dest, inputs, cfg.force)
+    install.recover(dest, log)  # what a killed run left beside DESTDIR
+    existing, owned = _check_destination(dest, inputs, cfg.force)
 
     # 1. check every input before anything is written: UTF-8, line counts, checksums
     total_bytes = sum(p.stat().st_size for _, paths in inputs.values() for p in paths.values())
@@ -502,8 +488,11 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
 
     if existing is not None and not cfg.force:
         if existing.get("fingerprint") != fingerprint:
+            foreign = install.foreign_entries(dest, owned)
+            hint = (f"it also holds {', '.join(foreign[:8])}, which --force would not remove: choose another --destdir"
+                    if foreign else "pass --force to replace it")
             raise UserError(f"--destdir {dest} already holds a different dataset "
-                            f"({_describe_difference(existing, options, inputs_json)}); pass --force to replace it")
+                            f"({_describe_difference(existing, options, inputs_json)}); {hint}")
         try:
             verify_files(dest, existing)
         except UserError as e:
@@ -513,7 +502,7 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         return PreprocessResult(dest, existing, True, timings)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    tmp = install.temp_dir(dest)
     try:
         manifest = _build(cfg, tmp, inputs, infos, progress, log, timings)
         for name, path in cfg.extra_files.items():
@@ -529,9 +518,9 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
         write_manifest(tmp, manifest)  # last: its presence marks the directory complete
         _apply_umask(tmp)
-        _install(tmp, dest)
+        install.install(tmp, dest, owned)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        install.remove_temp_dir(tmp)
         raise
     timings["total"] = time.perf_counter() - t0
     return PreprocessResult(dest, manifest, False, timings)
