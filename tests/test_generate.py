@@ -388,3 +388,41 @@ def test_output_into_a_pipe_closed_early_exits_0_quietly(setup, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stderr == "" and len(r.stdout.splitlines()) == 3, r
+
+
+@pytest.mark.parametrize("name,raw", [("test.de.000.bin", False), ("spm.model", False), ("spm.model", True),
+                                      ("dict.en.txt", True)])
+def test_a_flipped_byte_in_any_file_generate_reads_is_one_line_naming_it(setup, run_cli, tmp_path, name, raw):
+    """Binarized split or raw input: every data-dir file generate reads is checked against the
+    manifest's sha256 (a flipped byte in a test shard or in spm.model once changed translations
+    silently)."""
+    import shutil
+
+    data, ckpt, _, root = setup
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    p = copy / name
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0x01  # same size: only the checksum can tell
+    p.write_bytes(bytes(b))
+    inp = ("-i", root / "test.de") if raw else ()
+    r = run_cli("generate", copy, "--path", ckpt, *inp, *COMMON)
+    assert r.code == 2, r
+    err = [x for x in r.err.splitlines() if x.strip()]
+    assert err == [f"nmtkit: error: {p}: checksum mismatch with manifest.json (corrupt or modified file)"], r.err
+
+
+def test_generate_hashes_each_file_once(setup, run_cli, monkeypatch):
+    """Verification is cheap: one sha256 per file per run, however many readers open it."""
+    import collections
+
+    from nmtkit.data import manifest as M
+
+    data, ckpt, _, _ = setup
+    hashed = collections.Counter()
+    real = M.sha256_file
+    monkeypatch.setattr(M, "sha256_file", lambda p: hashed.update([p.name]) or real(p))
+    monkeypatch.setattr(M, "_VERIFIED", set())  # a fresh run
+    assert run_cli("generate", data, "--path", ckpt, *COMMON).code == 0
+    assert set(hashed) >= {"test.de.000.bin", "test.de.000.idx", "test.en.000.bin", "spm.model"}, hashed
+    assert max(hashed.values()) == 1, hashed

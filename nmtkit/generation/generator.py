@@ -118,13 +118,13 @@ def split_items(data_dir: str, split: str, src_lang: str, tgt_lang: str, trunc: 
     """(count, items) of a binarized split; targets are attached when the split has them."""
     from nmtkit.data.shards import load_split
 
-    src = load_split(data_dir, split, src_lang)
+    src = load_split(data_dir, split, src_lang)  # checksums verified: a flipped byte is an error
     try:
-        tgt = load_split(data_dir, split, tgt_lang)
-        if len(tgt) != len(src):
-            tgt = None
-    except UserError:
+        tgt = load_split(data_dir, split, tgt_lang, verify=False)
+    except UserError:  # no target side
         tgt = None
+    if tgt is not None:
+        tgt = load_split(data_dir, split, tgt_lang) if len(tgt) == len(src) else None
 
     def gen() -> Iterator[Item]:
         for i in range(len(src)):
