@@ -127,10 +127,10 @@ def test_read_text_check_parallel_and_names(tmp_path, monkeypatch):
     assert B.read_text(p, "--sys") == ["a b", "", "c"]
     with pytest.raises(UserError) as e:
         B.read_text(tmp_path, "--ref")
-    assert str(e.value) == f"--ref: {tmp_path}: file a directory"
+    assert str(e.value) == f"--ref {tmp_path} is a directory, not a file"
     with pytest.raises(UserError) as e:
         B.read_text(tmp_path / "no.txt", "--ref")
-    assert str(e.value) == f"--ref: {tmp_path / 'no.txt'}: file not found"
+    assert str(e.value) == f"--ref {tmp_path / 'no.txt'}: no such file"
     (tmp_path / "e.txt").write_bytes(b"")
     with pytest.raises(UserError) as e:
         B.read_text(tmp_path / "e.txt", "--sys")
@@ -145,8 +145,12 @@ def test_read_text_check_parallel_and_names(tmp_path, monkeypatch):
     B.check_parallel(["a", "b"], "h", [["x", "y"], ["z", "w"]], ["r1", "r2"])
     with pytest.raises(UserError) as e:
         B.check_parallel(["a", "b"], "h.txt", [["x", "y"], ["z"]], ["r1.txt", "r2.txt"])
-    assert str(e.value) == ("line counts differ: hypotheses h.txt have 2 lines but reference r2.txt has 1 lines; "
+    assert str(e.value) == ("line counts differ: hypotheses h.txt have 2 lines but reference r2.txt has 1 line; "
                             "they must be parallel, one segment per line")
+    with pytest.raises(UserError) as e:
+        B.check_parallel(["a"], "base.txt", [["x", "y"]], ["r1.txt"], what="baseline (--paired-bs)")
+    assert str(e.value) == ("line counts differ: baseline (--paired-bs) base.txt has 1 line but reference r1.txt "
+                            "has 2 lines; they must be parallel, one segment per line")
 
 
 def test_score_translation_refusals():

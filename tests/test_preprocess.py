@@ -592,7 +592,7 @@ def test_mismatched_valid_line_counts_name_the_flag(tmp_path, run_cli, corpus):
     raw, _ = corpus
     (raw / "valid.en").write_text("only one line\n")
     r = _run(run_cli, raw, tmp_path / "out", "--validpref", raw / "valid")
-    assert r.code == 2 and "--validpref" in r.err and "has 20 lines" in r.err and "has 1 lines" in r.err
+    assert r.code == 2 and "--validpref" in r.err and "has 20 lines" in r.err and "has 1 line" in r.err and "1 lines" not in r.err
     assert _nothing_written(tmp_path, tmp_path / "out")
 
 

@@ -59,7 +59,7 @@ from nmtkit.data.manifest import (  # noqa: F401  (re-exported: the data-dir API
 from nmtkit.data.shards import ShardInfo, ShardSetWriter, dtype_for_vocab, load_split  # noqa: F401
 from nmtkit.data.subwords import load_subword_model  # noqa: F401
 from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, iter_line_chunks, scan_text_file
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, count
 from nmtkit.io import resolve_text_path
 from nmtkit.settings import check_numbers, setting, split_prefixes
 
@@ -475,7 +475,8 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
             task.advance(p.stat().st_size)
         a, b = (infos[split][lang] for lang in (cfg.source_lang, cfg.target_lang))
         if a.lines != b.lines:
-            raise UserError(f"{flag}: line counts differ: {a.path} has {a.lines} lines, {b.path} has {b.lines} lines")
+            raise UserError(f"{flag}: line counts differ: {a.path} has {count(a.lines, 'line')}, "
+                            f"{b.path} has {count(b.lines, 'line')}")
         if a.lines == 0:
             raise UserError(f"{flag}: {a.path} and {b.path} are empty")
     task.finish()

@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from nmtkit.errors import UserError
-from nmtkit.io import read_lines
+from nmtkit.errors import UserError, count
+from nmtkit.io import read_lines, require_file
 
 # Metric keys accepted by `--metric` for translation (parseval lives in nmtkit.scoring.parseval).
 TRANSLATION_METRICS = ("bleu", "chrf", "chrf++", "ter", "tok-bleu")
@@ -177,22 +177,23 @@ def check_tokenizer(name: str) -> None:
 def read_text(path: str | os.PathLike, flag: str) -> list[str]:
     """All lines of a text file (or '-' for stdin); refuse an empty file, naming the flag."""
     name = "<stdin>" if str(path) == "-" else str(path)
-    if str(path) != "-" and not os.path.isfile(path):
-        what = "a directory" if os.path.isdir(path) else "not found"
-        raise UserError(f"{flag}: {name}: file {what}")
+    require_file(path, flag)
     lines = list(read_lines(path))
     if not lines:
         raise UserError(f"{flag}: {name} is empty: nothing to score")
     return lines
 
 
-def check_parallel(hyps: Sequence[str], hyp_name: str, refs: Sequence[Sequence[str]], ref_names: Sequence[str]) -> None:
-    """Hypotheses and every reference must have the same number of lines."""
+def check_parallel(hyps: Sequence[str], hyp_name: str, refs: Sequence[Sequence[str]], ref_names: Sequence[str],
+                   what: str = "hypotheses") -> None:
+    """Hypotheses (or, `what`, the --paired-bs baseline) and every reference must have the same
+    number of lines."""
+    verb = "have" if what == "hypotheses" else "has"
     for ref, name in zip(refs, ref_names):
         if len(ref) != len(hyps):
             raise UserError(
-                f"line counts differ: hypotheses {hyp_name} have {len(hyps)} lines but reference "
-                f"{name} has {len(ref)} lines; they must be parallel, one segment per line"
+                f"line counts differ: {what} {hyp_name} {verb} {count(len(hyps), 'line')} but reference "
+                f"{name} has {count(len(ref), 'line')}; they must be parallel, one segment per line"
             )
 
 
