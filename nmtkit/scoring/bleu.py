@@ -16,6 +16,7 @@ the shorter) and the usual brevity penalty, which is sacrebleu's BLEU with `toke
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -63,6 +64,13 @@ class MosesTokenizer:
     XML escaping (`tokenizer.perl`'s default) is off: it renames tokens (`"` -> `&quot;`) the same
     way on both sides, which leaves BLEU unchanged, except where an escaped character sits between
     two hyphens (`x-'-y`) and the non-overlapping compound split then matches differently.
+
+    Which tokenizer.perl: sacremoses follows it as it was before Moses commit 9fc964d
+    (2018-11-07, "split final dots unconditionally"), the one of the paper's time. Since then
+    tokenizer.perl also splits the period of a line's last token when the old rules kept it
+    (`iPhone 5.`, `p.m.`, `FoxNews.com.`, `II.`); on 16 WMT17 En-De systems that moves
+    multi-bleu.perl BLEU by at most 0.01 (docs/score.md). `moses_rules()` says which rule the
+    installed sacremoses follows, and the tok-bleu signature records it.
     """
 
     def __init__(self, lang: str):
@@ -74,6 +82,21 @@ class MosesTokenizer:
 
     def __call__(self, line: str) -> str:
         return self._tok.tokenize(line, escape=False, return_str=True)
+
+
+# The Moses tokenizer.perl commit that made it split every line's final period (2018-11-07).
+MOSES_FINAL_DOT_COMMIT = "9fc964d"
+
+
+@functools.lru_cache(maxsize=None)
+def moses_rules() -> str:
+    """"pre-2018-11" when the installed sacremoses keeps a line-final `U.S.A.` whole, as
+    tokenizer.perl did before commit 9fc964d (checked, not assumed: a future sacremoses may
+    follow the new rule); "2018-11" when it splits it as tokenizer.perl does since."""
+    import sacremoses
+
+    out = sacremoses.MosesTokenizer(lang="en").tokenize("from the U.S.A.", escape=False, return_str=True)
+    return "pre-2018-11" if out.endswith(" U.S.A.") else "2018-11"
 
 
 def _sacremoses_version() -> str:
@@ -283,6 +306,7 @@ def _tok_bleu_signature(sig: Any, opts: TranslationOptions) -> None:
     sig.update("tok", "pretokenized" if opts.pretokenized else f"moses-{opts.lang}")
     if not opts.pretokenized:
         sig.update("sacremoses", _sacremoses_version())
+        sig.update("moses", moses_rules())  # which tokenizer.perl it equals (see MosesTokenizer)
     version = sig.info.pop("version")  # keep "version" last, as sacrebleu does
     sig.info["version"] = version
 
