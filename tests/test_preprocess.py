@@ -698,3 +698,17 @@ def test_workers_do_not_rerun_the_callers_script(tmp_path, corpus):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("TOP-LEVEL RAN") == 1
     assert load_manifest(tmp_path / "d")["options"]["workers"] == 2
+
+
+def test_force_through_a_symlinked_destdir_replaces_the_data_behind_it(tmp_path, corpus):
+    """data-bin -> /big/disk/data: the link stays, the dataset behind it is replaced in place."""
+    raw, _ = corpus
+    real = tmp_path / "disk" / "data"
+    real.parent.mkdir()
+    preprocess(cfg_for(raw, real))
+    link = tmp_path / "data-bin"
+    link.symlink_to(real)
+    preprocess(cfg_for(raw, link, bpe="none", vocab_size=8000, force=True))
+    assert link.is_symlink() and load_manifest(real)["subword"]["kind"] == "none"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data-bin", "disk", "raw"]
+    assert [p.name for p in real.parent.iterdir()] == ["data"]

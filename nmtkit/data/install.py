@@ -124,8 +124,16 @@ def _in_use(path: Path) -> bool:
 # ---- building beside DESTDIR and swapping ---------------------------------------------------------
 
 
+def _real(dest: Path) -> Path:
+    """A DESTDIR that is a symlink to a directory is built and swapped where it points (the link
+    stays; swapping the link itself would leave the data behind it orphaned)."""
+    return Path(os.path.realpath(dest)) if dest.is_symlink() and dest.is_dir() else dest
+
+
+
 def temp_dir(dest: Path) -> Path:
     """A new hidden directory beside `dest` to build in, locked by this process."""
+    dest = _real(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     _lock(tmp)
     return tmp
@@ -169,6 +177,7 @@ def install(tmp: Path, dest: Path, owned: set[str] | None) -> None:
     """Put the finished `tmp` at `dest`. An existing `dest` must hold only the dataset `owned`
     names (checked again here, just before the swap); it is swapped out atomically and deleted
     once the new one is in place."""
+    dest = _real(dest)
     if not dest.exists():
         os.rename(tmp, dest)
         _unlock(tmp)
@@ -217,6 +226,7 @@ def recover(dest: Path, log: Callable[[str], None]) -> None:
     """Finish what a killed `preprocess` left: when `dest` is missing but the dataset it was
     replacing survives beside it (`.NAME.old-*`, the two-rename fallback), rename it back; then
     remove the hidden build and old directories of runs that are gone."""
+    dest = _real(dest)
     found = _leftovers(dest)
     if not dest.exists() and not dest.is_symlink():
         olds = [p for kind, p in found if kind == "old" and (p / MANIFEST_NAME).is_file()]
