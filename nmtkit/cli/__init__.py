@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name="nmtkit", standalone_mode=False)
+        sys.stdout.flush()  # here, not at exit: a reader gone by now is handled below like the rest
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
