@@ -7,3 +7,8 @@ prints it as one red line and exits 2. Anything else is a bug and keeps its trac
 
 class UserError(Exception):
     """A problem with the user's input or flags, reported without a traceback."""
+
+
+def count(n: int, noun: str) -> str:
+    """`1 line`, `2 lines`: counts in messages agree with their number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -32,6 +32,15 @@ def resolve_text_path(prefix: str | os.PathLike, suffix: str = "") -> Path:
     raise UserError(f"file not found: {plain} (nor {gz.name})")
 
 
+def require_file(path: str | os.PathLike, flag: str) -> None:
+    """UserError naming `flag` unless `path` is an existing file ("-", stdin, passes)."""
+    if str(path) == "-" or os.path.isfile(path):
+        return
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path} is a directory, not a file")
+    raise UserError(f"{flag} {path}: no such file")
+
+
 def _open_binary(path: str | os.PathLike) -> IO[bytes]:
     if str(path) == "-":
         return sys.stdin.buffer

@@ -23,11 +23,17 @@ Conventions:
 - `unset=True`: the flag's default is None, meaning "not given"; the field's default applies,
   unless the class's `from_flags(values)` decides from other settings (e.g. `--max-len-b` from
   the data directory, preprocess `--max-len` from `--task`). Its help text states the default.
+- Every number a flag gives (a float, or the floats a `parse` makes, e.g. `--adam-betas`) must be
+  finite and fit float32, where models and searches use it: `check_number`, applied to every flag
+  of every command by `cli_values_to_config` (a new flag gets it without a line of its own), and
+  by configs' own checks (`check_numbers(self)`) for library callers. `nan` or `inf` once gave
+  empty translations (`--lenpen nan`) or internal errors (`--max-len-a nan`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import MISSING, dataclass
@@ -157,8 +163,10 @@ def cli_values_to_config(cls: type, values: dict[tuple[str, ...], Any]) -> Any:
     nested: dict[str, Any] = {}
     for ff in flag_fields(cls):
         value = values[ff.path]
+        check_number(ff.flag.flag, value)
         if ff.flag.parse is not None:
             value = ff.flag.parse(value)
+            check_number(ff.flag.flag, value)
         d = nested
         for name in ff.path[:-1]:
             d = d.setdefault(name, {})
@@ -185,6 +193,33 @@ def construct(cls: type, values: dict[str, Any]) -> Any:
             continue  # not given: the field's default
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+# float32's largest finite value and smallest normal magnitude: a flag's number is used in float32
+# tensors (scores, logits, weights), where a larger one is inf and a smaller nonzero one is 0.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
+
+
+def check_number(flag: str, value: Any) -> None:
+    """SettingError naming `flag` unless every float in `value` (a float, or a tuple/list of
+    them) is finite and representable in float32 (0, or 1.2e-38 <= |x| <= 3.4e38)."""
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+        if not isinstance(v, float):
+            continue
+        if not math.isfinite(v):
+            raise SettingError(f"{flag} must be a finite number, got {v}")
+        if abs(v) > FLOAT32_MAX or 0.0 < abs(v) < FLOAT32_TINY:
+            raise SettingError(f"{flag} {v:g} is out of range: models compute in float32, which holds 0 and "
+                               f"magnitudes from {FLOAT32_TINY:.1e} to {FLOAT32_MAX:.1e}")
+
+
+def check_numbers(config: Any) -> None:
+    """`check_number` on every flagged field of a settings dataclass (not its groups, which check
+    themselves): for library callers, who construct configs without `cli_values_to_config`."""
+    for f in dataclasses.fields(config):
+        if SETTING in f.metadata:
+            check_number(f.metadata[SETTING].flag, getattr(config, f.name))
 
 
 def iter_flags(ff: FlagField) -> Iterator[str]:

@@ -1,4 +1,9 @@
-"""Shared test helpers: where ../shared/data is, and running the CLI in-process."""
+"""Shared test helpers: where ../shared/data is, and running the CLI in-process.
+
+../shared (the real data: Multi30k, WMT, the treebank sample) sits beside the checkout, or where
+NMTKIT_SHARED says; a fresh clone has none, and every test that reads it then skips with the
+reason (`shared_file`). Such tests carry the `shared_data` mark (see pytest_collection_modifyitems).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +38,21 @@ WSJ_NORM = [
     "(S (VP (TO to) (VP (VB win)))))) (. .)))",
     "(TOP (S (NP (NNP Mr.) (NNP Vinken)) (VP (VBZ is) (NP (NN chairman))) (. .)))",
 ]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "shared_data: in a module that reads ../shared (NMTKIT_SHARED); "
+                            "CI runs these again with the folder hidden, as a fresh clone has none")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test of a module that uses `shared_file` or `SHARED`: `pytest -m shared_data`
+    selects them, and `.ci/run` runs them a second time with NMTKIT_SHARED pointing nowhere to
+    prove that each one passes or skips with a reason without the shared folder."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and (hasattr(module, "shared_file") or hasattr(module, "SHARED")):
+            item.add_marker(pytest.mark.shared_data)
 
 
 def shared_file(*parts: str) -> Path:

@@ -127,10 +127,10 @@ def test_read_text_check_parallel_and_names(tmp_path, monkeypatch):
     assert B.read_text(p, "--sys") == ["a b", "", "c"]
     with pytest.raises(UserError) as e:
         B.read_text(tmp_path, "--ref")
-    assert str(e.value) == f"--ref: {tmp_path}: file a directory"
+    assert str(e.value) == f"--ref {tmp_path} is a directory, not a file"
     with pytest.raises(UserError) as e:
         B.read_text(tmp_path / "no.txt", "--ref")
-    assert str(e.value) == f"--ref: {tmp_path / 'no.txt'}: file not found"
+    assert str(e.value) == f"--ref {tmp_path / 'no.txt'}: no such file"
     (tmp_path / "e.txt").write_bytes(b"")
     with pytest.raises(UserError) as e:
         B.read_text(tmp_path / "e.txt", "--sys")
@@ -145,8 +145,12 @@ def test_read_text_check_parallel_and_names(tmp_path, monkeypatch):
     B.check_parallel(["a", "b"], "h", [["x", "y"], ["z", "w"]], ["r1", "r2"])
     with pytest.raises(UserError) as e:
         B.check_parallel(["a", "b"], "h.txt", [["x", "y"], ["z"]], ["r1.txt", "r2.txt"])
-    assert str(e.value) == ("line counts differ: hypotheses h.txt have 2 lines but reference r2.txt has 1 lines; "
+    assert str(e.value) == ("line counts differ: hypotheses h.txt have 2 lines but reference r2.txt has 1 line; "
                             "they must be parallel, one segment per line")
+    with pytest.raises(UserError) as e:
+        B.check_parallel(["a"], "base.txt", [["x", "y"]], ["r1.txt"], what="baseline (--paired-bs)")
+    assert str(e.value) == ("line counts differ: baseline (--paired-bs) base.txt has 1 line but reference r1.txt "
+                            "has 2 lines; they must be parallel, one segment per line")
 
 
 def test_score_translation_refusals():
@@ -176,12 +180,49 @@ def test_tok_bleu_signature_records_what_was_done():
     s = _one("tok-bleu", opts=TranslationOptions(lang="de", compound_split=True))
     assert s.compound_split is True
     assert s.signature == (f"nrefs:1|case:mixed|eff:no|tok:moses-de|smooth:none|sacremoses:{version('sacremoses')}"
-                           f"|version:{sacrebleu.__version__}")
+                           f"|moses:pre-2018-11|version:{sacrebleu.__version__}")
     # the score is sacreBLEU's unsmoothed BLEU of the Moses-tokenized, split lines
     tok = B.MosesTokenizer("de")
     prep = lambda lines: [B.compound_split(tok(x)) for x in lines]  # noqa: E731
     ref = BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(prep(HYPS), [prep(REFS)])
     assert s.score == ref.score and s.verbose == ref._verbose
+
+
+# Lines whose last token keeps its period under Moses tokenizer.perl as it was before commit 9fc964d
+# (2018-11-07) and loses it since; outputs of `tokenizer.perl -l de -no-escape` at 06f519d
+# (2018-09-06, "before") and at the repository's head (2021, "since"), run with perl 5.36.
+MOSES_FINAL_DOT = [
+    # input, before 9fc964d (= sacremoses, what tok-bleu does), since 9fc964d
+    ("Das ist schwer wie ein iPhone 5.", "Das ist schwer wie ein iPhone 5.", "Das ist schwer wie ein iPhone 5 ."),
+    ("So am I.", "So am I.", "So am I ."),
+    ("Er kam aus den U.S.A.", "Er kam aus den U.S.A.", "Er kam aus den U.S.A ."),
+    ("Hallo Welt.", "Hallo Welt .", "Hallo Welt ."),
+]
+
+
+@pytest.mark.parametrize("line,before,since", MOSES_FINAL_DOT)
+def test_moses_tokenization_is_tokenizer_perl_before_november_2018(line, before, since):
+    """tok-bleu's tokenizer equals tokenizer.perl of the paper's time, not today's: the two differ
+    on a line-final period after a number, an abbreviation or a dotted name (docs/score.md)."""
+    assert B.MosesTokenizer("de")(line) == before
+    assert (before == since) == (line == "Hallo Welt.")  # only a plain word's period was split before
+    assert B.moses_rules() == "pre-2018-11"
+
+
+def test_moses_rules_follow_the_installed_sacremoses(monkeypatch):
+    import sacremoses
+
+    class SplitsFinalDots(sacremoses.MosesTokenizer):  # what a sacremoses with the 2018-11 rule would do
+        def tokenize(self, text, **kw):
+            out = super().tokenize(text, **kw)
+            return out[:-1] + " ." if out.endswith(".") and not out.endswith(" .") else out
+
+    B.moses_rules.cache_clear()
+    monkeypatch.setattr(sacremoses, "MosesTokenizer", SplitsFinalDots)
+    try:
+        assert B.moses_rules() == "2018-11"
+    finally:
+        B.moses_rules.cache_clear()
 
 
 def test_paired_bootstrap_is_sacrebleus_paired_test():

@@ -8,7 +8,6 @@ back with tensorboard's own EventAccumulator and compared with the JSON log.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import shutil

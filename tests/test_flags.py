@@ -344,3 +344,72 @@ def test_help_runs_and_lists_the_panels(run_cli):
     assert r.code == 0 and "--no-progress-bar" in r.out and "--label-smoothing" in r.out
     r = run_cli("preprocess", "--help")
     assert r.code == 0 and "--joint-bpe / --separate-bpe" in r.out
+
+
+# ---- numbers: every float flag of every command refuses nan, inf and values float32 cannot hold ----
+
+# the required arguments of each command (the files need not exist: flags are checked first)
+_REQUIRED = {"train": ("d", "--save-dir", "s"), "generate": ("d", "--path", "a.pt"),
+             "preprocess": ("--destdir", "o", "-s", "de", "-t", "en", "--trainpref", "t"), "score": ("--ref", "r")}
+
+
+def _float_flags() -> list[tuple[str, str]]:
+    """(command, flag) for every flag whose value is a float (or holds floats, like --adam-betas)."""
+    out = []
+    for name, cls in CONFIGS.items():
+        for ff in flag_fields(cls):
+            if "float" in str(ff.cli_type()) or ff.flag.flag == "--adam-betas":
+                out.append((name, ff.flag.flag))
+    out += [("train", s.flag) for s in arch_field_specs() if s.type is float]
+    return out
+
+
+def test_float_flags_are_all_found():
+    flags = {f for _, f in _float_flags()}
+    assert {"--lenpen", "--max-len-a", "--lr", "--adam-betas", "--ratio", "--dropout", "--eval-bleu-lenpen"} <= flags
+    assert len(flags) >= 20
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "1e-300"])
+@pytest.mark.parametrize("command,flag", _float_flags())
+def test_every_float_flag_refuses_non_finite_and_out_of_range_numbers(run_cli, tmp_path, monkeypatch, command, flag, value):
+    monkeypatch.chdir(tmp_path)
+    if flag == "--adam-betas":
+        value = f"0.9,{value}"
+    r = run_cli(command, *_REQUIRED[command], flag, value)
+    assert r.code == 2, r
+    err = [x for x in r.err.splitlines() if x.strip()]
+    assert len(err) == 1 and flag in err[0] and "Traceback" not in r.err, r.err
+    assert "internal error" not in r.err and "not found" not in r.err and "manifest" not in r.err, r.err
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"lenpen": float("nan")}, "--lenpen must be a finite number, got nan"),
+    ({"unk_penalty": float("-inf")}, "--unk-penalty must be a finite number, got -inf"),
+    ({"lenpen": 50.0}, "--lenpen must be between -10 and 10"),
+    ({"temperature": 1e-300, "sampling": True}, "--temperature 1e-300 is out of range"),
+])
+def test_search_config_refuses_bad_numbers_from_library_callers_too(bad, message):
+    with pytest.raises(SettingError) as e:
+        SearchConfig(**bad)
+    assert message in str(e.value)
+
+
+def test_library_configs_check_numbers():
+    with pytest.raises(UserError, match="--lr must be a finite number"):
+        TrainConfig(data_dir="d", save_dir="s", lr=float("inf")).validate()
+    with pytest.raises(UserError, match="--eval-bleu-lenpen must be between -10 and 10"):
+        TrainConfig(data_dir="d", save_dir="s", eval_bleu_lenpen=11.0).validate()
+    with pytest.raises(UserError, match="--ratio must be a finite number"):
+        PreprocessConfig(source_lang="de", target_lang="en", trainpref="t", destdir="o", ratio=float("nan")).validate()
+    SearchConfig(lenpen=-10.0, unk_penalty=1e30, max_len_a=1e30)  # extreme but representable: accepted
+
+
+def test_a_huge_max_len_a_gives_the_cap_not_an_overflow():
+    import torch
+
+    from nmtkit.generation.search import max_lengths
+
+    src = torch.tensor([[5, 6, 7, 2], [5, 2, 0, 0]])
+    assert max_lengths(src, SearchConfig(max_len_a=1e30, max_len_b=0, max_len_cap=40)).tolist() == [40, 40]
+    assert max_lengths(src, SearchConfig(max_len_a=2.0, max_len_b=1, max_len_cap=40)).tolist() == [7, 3]

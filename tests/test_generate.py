@@ -365,3 +365,64 @@ def test_score_is_nan_free_and_lengths_bounded(setup, run_cli):
         if line.startswith("H-"):
             _, score, pieces = line.split("\t")
             assert math.isfinite(float(score)) and len(pieces.split()) <= 2
+
+
+def test_output_into_a_pipe_closed_early_exits_0_quietly(setup, tmp_path):
+    """`nmtkit generate ... | head -3` is a normal use of a Unix filter: when the reader goes
+    away, generate stops with status 0 and no message (click used to turn EPIPE into exit 1).
+    The output (about 4000 sentences, several hundred KB) is far larger than a pipe's buffer, so
+    generate is still writing when head exits."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data, ckpt, _, root = setup
+    src = ["der Hund läuft", "Kind", "die Straße", "zwei Katze springt"]
+    big = tmp_path / "big.de"
+    big.write_text("".join(src[i % len(src)] + "\n" for i in range(4000)), encoding="utf-8")
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "nmtkit", "generate", str(data), "--path", str(ckpt), "-i", str(big),
+           "--format", "fairseq", "--beam", "1", "--max-len-b", "6", "--threads", "1"]
+    r = subprocess.run(["bash", "-c", "set -o pipefail; " + shlex.join(cmd) + " | head -3"], cwd=repo,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and len(r.stdout.splitlines()) == 3, r
+
+
+@pytest.mark.parametrize("name,raw", [("test.de.000.bin", False), ("spm.model", False), ("spm.model", True),
+                                      ("dict.en.txt", True)])
+def test_a_flipped_byte_in_any_file_generate_reads_is_one_line_naming_it(setup, run_cli, tmp_path, name, raw):
+    """Binarized split or raw input: every data-dir file generate reads is checked against the
+    manifest's sha256 (a flipped byte in a test shard or in spm.model once changed translations
+    silently)."""
+    import shutil
+
+    data, ckpt, _, root = setup
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    p = copy / name
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0x01  # same size: only the checksum can tell
+    p.write_bytes(bytes(b))
+    inp = ("-i", root / "test.de") if raw else ()
+    r = run_cli("generate", copy, "--path", ckpt, *inp, *COMMON)
+    assert r.code == 2, r
+    err = [x for x in r.err.splitlines() if x.strip()]
+    assert err == [f"nmtkit: error: {p}: checksum mismatch with manifest.json (corrupt or modified file)"], r.err
+
+
+def test_generate_hashes_each_file_once(setup, run_cli, monkeypatch):
+    """Verification is cheap: one sha256 per file per run, however many readers open it."""
+    import collections
+
+    from nmtkit.data import manifest as M
+
+    data, ckpt, _, _ = setup
+    hashed = collections.Counter()
+    real = M.sha256_file
+    monkeypatch.setattr(M, "sha256_file", lambda p: hashed.update([p.name]) or real(p))
+    monkeypatch.setattr(M, "_VERIFIED", set())  # a fresh run
+    assert run_cli("generate", data, "--path", ckpt, *COMMON).code == 0
+    assert set(hashed) >= {"test.de.000.bin", "test.de.000.idx", "test.en.000.bin", "spm.model"}, hashed
+    assert max(hashed.values()) == 1, hashed

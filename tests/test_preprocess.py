@@ -165,6 +165,24 @@ def test_nwords_and_threshold_cut_to_unk(tmp_path):
     assert load_split(tmp_path / "d", "train", "de")[0].tolist() == [4, 3, 4]
 
 
+def test_a_dictionary_cap_that_makes_most_tokens_unk_warns(tmp_path, corpus, run_cli):
+    """`--nwordssrc 2` once mapped every token to <unk> without a word; now the share is named."""
+    raw, _ = corpus
+    r = _run(run_cli, raw, tmp_path / "a", "--nwordssrc", "6")  # 2 words kept of 25
+    assert r.code == 0, r
+    unk = load_manifest(tmp_path / "a")["splits"]["train"]["unk"]
+    tokens = sum(len(s.split()) for s in (raw / "train.de").read_text().splitlines())
+    warn = [x for x in r.err.splitlines() if "warning" in x]
+    assert warn == [f"nmtkit: warning: --nwordssrc 6 turns {unk['de'] / tokens:.1%} of the de training tokens "
+                    f"({unk['de']:,} of {tokens:,}) into <unk>; raise --nwordssrc (the dictionary size counts "
+                    f"the 4 special symbols)"], r.err
+    assert unk["de"] > tokens / 2 and unk["en"] == 0
+    r = _run(run_cli, raw, tmp_path / "b", "--thresholdtgt", "100000")
+    assert r.code == 0 and "--thresholdtgt 100000 turns 100.0% of the en training tokens" in r.err, r
+    r = _run(run_cli, raw, tmp_path / "c", "--nwordssrc", "20", "--thresholdtgt", "2")  # most tokens kept
+    assert r.code == 0 and "warning" not in r.err, r
+
+
 def test_cleaning_rules_like_moses_on_train_only(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -293,7 +311,7 @@ def test_checksum_failure_on_corrupted_shard(tmp_path, corpus, run_cli):
     data = bytearray(p.read_bytes())
     data[10] ^= 0x01  # same size: only the checksum can tell
     p.write_bytes(bytes(data))
-    assert len(load_split(tmp_path / "d", "train", "en")) == 300  # no verify: opens
+    assert len(load_split(tmp_path / "d", "train", "en", verify=False)) == 300  # no verify: opens
     with pytest.raises(UserError, match=r"train\.en\.000\.bin: checksum mismatch"):
         load_split(tmp_path / "d", "train", "en", verify=True)
     load_split(tmp_path / "d", "train", "de", verify=True)  # the other files are fine
@@ -349,8 +367,154 @@ def test_foreign_nonempty_destination_is_refused_unless_force(tmp_path, corpus, 
     args = ["preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--destdir", dest, "--bpe", "none"]
     r = run_cli(*args)
     assert r.code == 2 and "not empty" in r.err and (dest / "notes.txt").read_text() == "precious"
+    # --force replaces only what nmtkit wrote: a folder of the user's is refused, naming what it holds
+    r = run_cli(*args, "--force")
+    assert r.code == 2 and "notes.txt" in r.err and (dest / "notes.txt").read_text() == "precious", r
+    assert not (dest / "manifest.json").exists()
+
+
+def test_force_replaces_only_the_datasets_own_files(tmp_path, corpus, run_cli):
+    """A user's files beside an nmtkit dataset (a note, a folder of checkpoints) are never deleted:
+    --force refuses, naming them, and the dataset is untouched."""
+    raw, _ = corpus
+    dest = tmp_path / "d"
+    preprocess(cfg_for(raw, dest))
+    (dest / "precious.txt").write_text("mine")
+    (dest / "runs").mkdir()
+    (dest / "runs" / "checkpoint_last.pt").write_bytes(b"x")
+
+    def snapshot():
+        return {str(p.relative_to(dest)): p.read_bytes() for p in sorted(dest.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    args = ["preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--destdir", dest, "--bpe", "none"]
+    r = run_cli(*args)
+    assert r.code == 2 and "different dataset" in r.err and "precious.txt, runs/" in r.err, r
+    assert "choose another --destdir" in r.err and "pass --force" not in r.err
+    r = run_cli(*args, "--force")
+    err = [x for x in r.err.splitlines() if x.strip()]
+    assert r.code == 2 and len(err) == 1 and "(precious.txt, runs/)" in err[0] and "manifest.json lists" in err[0], r
+    assert snapshot() == before  # everything kept, the user's files included
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # without those files, --force replaces the dataset
+    (dest / "precious.txt").unlink()
+    (dest / "runs" / "checkpoint_last.pt").unlink()
+    (dest / "runs").rmdir()
     assert run_cli(*args, "--force").code == 0
-    assert not (dest / "notes.txt").exists() and (dest / "manifest.json").is_file()
+    assert load_manifest(dest)["subword"]["kind"] == "none" and not (dest / "spm.model").exists()
+
+
+_CRASH_RUNNER = """
+import os, sys
+from nmtkit.data import install as I
+from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+k, fallback, raw, dest = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], sys.argv[4]
+state = {"n": 0, "on": False}
+
+def step(fn):
+    def wrapped(*a, **kw):
+        r = fn(*a, **kw)
+        if state["on"]:
+            state["n"] += 1
+            if state["n"] == k:
+                os._exit(137)  # a kill -9 right after this step: no cleanup runs
+        return r
+    return wrapped
+
+real_install = I.install
+def install(*a, **kw):
+    state["on"] = True
+    try:
+        return real_install(*a, **kw)
+    finally:
+        state["on"] = False
+
+I.install = install
+I._exchange = (lambda a, b: False) if fallback else step(I._exchange)
+os.rename, os.unlink, os.rmdir = step(os.rename), step(os.unlink), step(os.rmdir)
+preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=raw + "/train", destdir=dest,
+                            bpe="none", force=True))
+print("finished after", state["n"], "steps")
+"""
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "two-renames"])
+def test_kill_at_every_step_of_a_force_install_leaves_a_complete_dataset(tmp_path, corpus, fallback):
+    """`preprocess --force` killed after each file operation of the install (the atomic swap, or
+    on systems without it the two renames, then every deletion of the old files): DESTDIR holds
+    a complete, verified dataset, the old or the new one; the next run restores or finishes and
+    leaves no hidden directory behind."""
+    import shutil
+    import subprocess
+    import sys
+
+    from nmtkit.data.manifest import verify_files
+
+    raw, _ = corpus
+    template = tmp_path / "template"
+    preprocess(cfg_for(raw, template, validpref=[], testpref=[]))  # the old dataset: sentencepiece, 7 files
+    old_fp = load_manifest(template)["fingerprint"]
+    runner = tmp_path / "runner.py"
+    runner.write_text(_CRASH_RUNNER)
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    crashes = 0
+    for k in range(1, 100):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        shutil.copytree(template, out / "d")
+        r = subprocess.run([sys.executable, str(runner), str(k), "1" if fallback else "0", str(raw), str(out / "d")],
+                           cwd=repo, capture_output=True, text=True, timeout=120)
+        if r.returncode == 0:
+            assert "finished" in r.stdout
+            break
+        assert r.returncode == 137, r.stderr
+        crashes += 1
+        if (out / "d").exists():  # the swap and every later step: DESTDIR is complete
+            m = load_manifest(out / "d")
+            verify_files(out / "d", m)
+            assert sorted(p.name for p in (out / "d").iterdir()) == sorted([*m["files"], "manifest.json"])
+        else:  # only between the two renames of the fallback; the hint names where the data is
+            assert fallback and k == 1, k
+            with pytest.raises(UserError, match="interrupted 'nmtkit preprocess --force' left the previous dataset"):
+                load_manifest(out / "d")
+        # the next run (without --force: the first would refuse a different dataset) restores or finishes
+        logs = []
+        res = preprocess(cfg_for(raw, out / "d", validpref=[], testpref=[], bpe="none", force=True), log=logs.append)
+        m = load_manifest(out / "d")
+        assert m["fingerprint"] == res.manifest["fingerprint"] != old_fp
+        verify_files(out / "d", m)
+        assert [p.name for p in out.iterdir()] == ["d"], (k, list(out.iterdir()), logs)
+    else:
+        pytest.fail("the install never finished")
+    # the swap (or 2 renames), 8 deletions (7 files and the manifest), the folder's: each killed once
+    assert crashes == (11 if fallback else 10), crashes
+
+
+def test_next_run_removes_leftovers_of_dead_runs_only(tmp_path, corpus):
+    import fcntl
+    import os
+
+    raw, _ = corpus
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = out / ".d.abcd1234.partial"  # a build a killed run left
+    dead.mkdir()
+    (dead / "train.de.000.bin").write_bytes(b"x" * 100)
+    live = out / ".d.live0000.partial"  # the build of a run still going (it holds the lock)
+    live.mkdir()
+    other = out / ".d.x.abcd1234.partial"  # another destination's (--destdir d.x)
+    other.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        logs = []
+        preprocess(cfg_for(raw, out / "d"), log=logs.append)
+        assert sorted(p.name for p in out.iterdir()) == sorted([".d.live0000.partial", ".d.x.abcd1234.partial", "d"])
+        assert any(".d.abcd1234.partial, left by an interrupted" in line for line in logs), logs
+    finally:
+        os.close(fd)
 
 
 def test_destination_containing_the_inputs_is_refused_even_with_force(tmp_path, corpus, run_cli):
@@ -428,7 +592,7 @@ def test_mismatched_valid_line_counts_name_the_flag(tmp_path, run_cli, corpus):
     raw, _ = corpus
     (raw / "valid.en").write_text("only one line\n")
     r = _run(run_cli, raw, tmp_path / "out", "--validpref", raw / "valid")
-    assert r.code == 2 and "--validpref" in r.err and "has 20 lines" in r.err and "has 1 lines" in r.err
+    assert r.code == 2 and "--validpref" in r.err and "has 20 lines" in r.err and "has 1 line" in r.err and "1 lines" not in r.err
     assert _nothing_written(tmp_path, tmp_path / "out")
 
 
@@ -534,3 +698,17 @@ def test_workers_do_not_rerun_the_callers_script(tmp_path, corpus):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("TOP-LEVEL RAN") == 1
     assert load_manifest(tmp_path / "d")["options"]["workers"] == 2
+
+
+def test_force_through_a_symlinked_destdir_replaces_the_data_behind_it(tmp_path, corpus):
+    """data-bin -> /big/disk/data: the link stays, the dataset behind it is replaced in place."""
+    raw, _ = corpus
+    real = tmp_path / "disk" / "data"
+    real.parent.mkdir()
+    preprocess(cfg_for(raw, real))
+    link = tmp_path / "data-bin"
+    link.symlink_to(real)
+    preprocess(cfg_for(raw, link, bpe="none", vocab_size=8000, force=True))
+    assert link.is_symlink() and load_manifest(real)["subword"]["kind"] == "none"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data-bin", "disk", "raw"]
+    assert [p.name for p in real.parent.iterdir()] == ["data"]

@@ -63,8 +63,13 @@ def test_ptb_smoke_runs_every_stage_then_is_up_to_date(tmp_path):
     assert F1_LINE.search(r2.stdout).group(0) == m.group(0)
 
 
-def test_ptb_recipe_refuses_bad_settings(tmp_path):
+@pytest.mark.parametrize("shared", ["as found", "absent"])
+def test_ptb_recipe_refuses_bad_settings(tmp_path, shared):
+    """Settings are checked before the data: each mistake is named even on a fresh clone without
+    ../shared (where SMOKE=1 would otherwise stop first at the missing treebank sample)."""
     env = _env(tmp_path / "w")
+    if shared == "absent":
+        env["NMTKIT_SHARED"] = str(tmp_path / "no-shared")
     for extra, msg in [
         ({}, "set PTB_DIR to the LDC Treebank-3 parsed/mrg/wsj folder (or SAMPLE=1 / SMOKE=1 for the NLTK sample)"),
         ({"PTB_DIR": str(tmp_path / "nope")}, f"PTB_DIR={tmp_path / 'nope'} is not a folder"),
@@ -78,3 +83,6 @@ def test_ptb_recipe_refuses_bad_settings(tmp_path):
         r = _run({**env, **extra})
         assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)
     assert not (tmp_path / "w").exists()  # refused before writing anything
+    if shared == "absent":  # and the missing data itself is one clear line
+        r = _run({**env, "SMOKE": "1"})
+        assert r.returncode == 2 and f"need {tmp_path / 'no-shared'}/data/ptb/treebank.zip" in r.stderr, r.stderr

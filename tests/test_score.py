@@ -299,6 +299,27 @@ def test_cli_line_count_mismatch_is_refused(run_cli, files, tmp_path):
     assert "2 lines" in msg and "3 lines" in msg and "short.txt" in msg and "ref.txt" in msg
 
 
+def test_cli_wording_of_files_counts_and_the_baseline(run_cli, files, tmp_path):
+    """A directory is called a directory, one line is "1 line", a baseline of the wrong length is
+    called the baseline (not "hypotheses"), and an all-blank output is flagged."""
+    msg = _one_error_line(run_cli("score", "--ref", files["ref"], "--sys", tmp_path))
+    assert msg == f"nmtkit: error: --sys {tmp_path} is a directory, not a file"
+    msg = _one_error_line(run_cli("score", "--ref", tmp_path / "nope.txt", "--sys", files["sys"]))
+    assert msg == f"nmtkit: error: --ref {tmp_path / 'nope.txt'}: no such file"
+    one = _write(tmp_path / "one.txt", files["hyps"][:1])
+    msg = _one_error_line(run_cli("score", "--ref", files["ref"], "--sys", one))
+    assert f"hypotheses {one} have 1 line but reference {files['ref']} has 3 lines" in msg
+    msg = _one_error_line(run_cli("score", "--ref", files["ref"], "--sys", files["sys"], "--paired-bs", one))
+    assert f"baseline (--paired-bs) {one} has 1 line but reference" in msg and "hypotheses" not in msg
+    blank = _write(tmp_path / "blank.txt", ["", "  ", "\t"])
+    r = run_cli("score", "--ref", files["ref"], "--sys", blank)
+    assert r.code == 0 and r.out.startswith("BLEU = 0.00 "), r
+    assert r.err == (f"nmtkit: warning: --sys {blank}: all 3 lines are empty or blank; its scores are those of "
+                     "an empty output (did the translation run fail?)\n")
+    r = run_cli("score", "--ref", files["ref"], "--sys", files["sys"])
+    assert r.code == 0 and "warning" not in r.err
+
+
 def test_cli_user_errors(run_cli, files, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")

@@ -7,12 +7,12 @@ exceptions are bugs and keep their traceback under `--debug` / NMTKIT_DEBUG=1.
 from __future__ import annotations
 
 import errno
+import os
 import sys
 
 import typer
-from rich.console import Console
-
-from nmtkit.cli.app import app, state
+from nmtkit.cli.app import PipeClosed, app, state
+from nmtkit.console import stderr_console
 from nmtkit.errors import UserError
 
 # Each subcommand module registers its command on `app` when imported; `app` imports a module
@@ -29,12 +29,24 @@ except ImportError:  # pragma: no cover
     _ClickException = None
 _CLICK_ERRORS = tuple(c for c in (_TyperClickException, _ClickException) if c is not None)
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_err = stderr_console()  # no markup, no emoji: `train.de:100:` must not print as `train.de💯`
 
 
 def error_line(message: str) -> None:
     """Print one red `nmtkit: error: ...` line on stderr."""
-    _err.print(f"nmtkit: error: {message}", style="bold red", markup=False)
+    _err.print(f"nmtkit: error: {message}", style="bold red")
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what is still buffered
+    does not fail again on the closed pipe (Python would print "Exception ignored" and exit 120)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (e.g. captured in tests)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name="nmtkit", standalone_mode=False)
+        sys.stdout.flush()  # here, not at exit: a reader gone by now is handled below like the rest
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
@@ -69,9 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         error_line("interrupted")
         sys.exit(130)
-    except BrokenPipeError:
+    except (PipeClosed, BrokenPipeError):
         # `nmtkit generate | head`: the reader went away; that is not an error of ours.
-        sys.stderr.close()
+        _discard_stdout()
         sys.exit(0)
     except OSError as e:
         if state["debug"]:

@@ -10,6 +10,7 @@ torch (about a second), which `nmtkit score` or `nmtkit --version` should not pa
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
 import os
 
@@ -36,8 +37,23 @@ COMMANDS = {
 }
 
 
+class PipeClosed(Exception):
+    """stdout's reader went away (`nmtkit generate ... | head -3`): not an error; exit 0 quietly.
+
+    Raised in place of BrokenPipeError because click's `main` turns an EPIPE OSError into
+    exit status 1 before `nmtkit.cli.main` could see it."""
+
+
 class _LazyGroup(TyperGroup):
     """The `nmtkit` group: builds a subcommand (importing its module) when it is first asked for."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                raise PipeClosed() from e
+            raise
 
     def list_commands(self, ctx) -> list[str]:
         return list(COMMANDS) + [n for n in self.commands if n not in COMMANDS]

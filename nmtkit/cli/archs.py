@@ -12,13 +12,14 @@ from rich.console import Console
 from rich.table import Table
 
 from nmtkit.cli.app import app
+from nmtkit.console import plain_console
 from nmtkit.errors import UserError
 from nmtkit.models.registry import ARCH_NOTES, ARCHS, FIELD_HELP, ArchConfig, get_arch
 
 
 def _console() -> Console:
     # Piped output gets a wide fixed width so that notes are not wrapped into many lines.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return plain_console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _params(cfg: ArchConfig, vocab: int) -> int:

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from nmtkit.cli.app import app
+from nmtkit.console import plain_text, stderr_console
 from nmtkit.errors import UserError
 
 
@@ -57,8 +57,7 @@ def average_checkpoints_cmd(
         raise UserError(f"--output {output} is a directory; give a file name")
     ck.check_output_not_training(output)
 
-    err = Console(stderr=True, highlight=False)
-    with err.status(f"averaging {len(paths)} checkpoint(s)"):
+    with stderr_console().status(plain_text(f"averaging {len(paths)} checkpoint(s)")):
         state = ck.average_checkpoints(paths)
         ck.save_checkpoint(state, output)
     names = ", ".join(p.name for p in paths)

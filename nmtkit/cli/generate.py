@@ -18,11 +18,10 @@ def generate_command(opts: GenerateOptions) -> None:
     Output: one detokenized hypothesis per input line, in input order, so that
     `nmtkit generate ... | nmtkit score --ref REF` works.
     """
-    from rich.console import Console
-
+    from nmtkit.console import stderr_console
     from nmtkit.generation.generator import generate
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    stats = generate(opts, warn=lambda msg: err.print(f"nmtkit: warning: {msg}", style="yellow", markup=False))
+    err = stderr_console()
+    stats = generate(opts, warn=lambda msg: err.print(f"nmtkit: warning: {msg}", style="yellow"))
     if opts.progress:  # --quiet: neither the progress bar nor this summary line
-        err.print(stats.line(), markup=False)
+        err.print(stats.line())

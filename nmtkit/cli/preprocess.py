@@ -6,13 +6,11 @@ tying them to --task live there); this module adds the progress bars and prints 
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
-    TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
@@ -20,6 +18,7 @@ from rich.text import Text
 
 from nmtkit.cli.app import app
 from nmtkit.cli.options import with_settings
+from nmtkit.console import stderr_console, text_column
 from nmtkit.data.preprocess_job import PreprocessJob
 from nmtkit.io import text_stdout
 
@@ -43,14 +42,16 @@ def preprocess_command(job: PreprocessJob) -> None:
     """
     from nmtkit.data.preprocess_job import format_summary, run_preprocess
 
+    console = stderr_console()
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn(),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=Console(stderr=True, highlight=False, soft_wrap=True),
+        text_column("{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn(),
+        TimeElapsedColumn(), text_column("eta"), TimeRemainingColumn(),
+        console=console,
         transient=True,  # bars vanish when done; the library logs one line per finished phase
+        disable=not console.is_terminal,  # in a log file, a bar would leave only a blank line
     )
     with progress:
-        result = run_preprocess(job, progress=progress, log=lambda msg: progress.console.print(msg, markup=False))
+        result = run_preprocess(job, progress=progress, log=progress.console.print)
     out = text_stdout()
     out.write(format_summary(result))
     out.flush()

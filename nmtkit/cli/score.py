@@ -27,8 +27,7 @@ def _warn(lines: list[str]) -> None:
 @with_settings(ScoreOptions, into="opts")
 def score_cmd(opts: ScoreOptions) -> None:
     """Score hypotheses against references: sacreBLEU, chrF, TER, tokenized BLEU, or parse trees (EVALB)."""
-    from rich.console import Console
-
+    from nmtkit.console import plain_text, stderr_console
     from nmtkit.io import text_stdout
     from nmtkit.scoring import files
 
@@ -40,6 +39,6 @@ def score_cmd(opts: ScoreOptions) -> None:
         return
     inputs = files.read_translation_inputs(opts.ref, opts.sys, opts.paired_bs)
     _warn(inputs.warnings)
-    with Console(stderr=True, highlight=False).status(f"scoring {len(inputs.hyps)} lines ({', '.join(opts.metrics)})"):
+    with stderr_console().status(plain_text(f"scoring {len(inputs.hyps)} lines ({', '.join(opts.metrics)})")):
         report = files.score_translation_files(inputs, opts)
     out.write(report.text(as_json=opts.json))

@@ -10,7 +10,10 @@ Entry points for other modules:
     load_dictionaries(data_dir)            -> (src Dictionary, tgt Dictionary), checksums checked
     dictionary_path(data_dir, lang)        -> Path of dict.LANG.txt
     subword_model_path(data_dir, lang)     -> Path of the model file, or None for `--bpe none`
-    verify_files(data_dir)                 -> check the sha256 of every file (UserError naming it)
+    verify_files(data_dir)                 -> check the sha256 of every file (UserError naming it),
+                                              once per file and process
+Every reader checks what it reads: load_dictionaries, nmtkit.data.shards.load_split and
+nmtkit.data.subwords.load_subword_model verify their files against the manifest.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     """Read and check `DATA_DIR/manifest.json`; a missing one means an incomplete directory."""
     d = Path(data_dir)
     if not d.is_dir():
-        raise UserError(f"data directory not found: {d}")
+        from nmtkit.data.install import interrupted_install_hint
+
+        raise UserError(f"data directory not found: {d}{interrupted_install_hint(d)}")
     p = d / MANIFEST_NAME
     if not p.is_file():
         raise UserError(
@@ -78,10 +83,12 @@ def load_dictionaries(data_dir: str | os.PathLike, manifest: dict | None = None)
     out = []
     for lang in (m["source_lang"], m["target_lang"]):
         p = dictionary_path(data_dir, lang, m)
+        if p.name in m["files"]:  # bytes first: a flipped byte is "corrupt", not a parse error
+            verify_files(data_dir, m, [p.name])
         d = Dictionary.load(p)
         expected = m["files"].get(p.name)
         if expected is not None and d.sha256 != expected:
-            raise UserError(f"{p}: checksum mismatch with {MANIFEST_NAME} (file modified or corrupt)")
+            raise UserError(f"{p}: checksum mismatch with {MANIFEST_NAME} (corrupt or modified file)")
         out.append(d)
     return out[0], out[1]
 
@@ -102,9 +109,15 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+# Files whose sha256 matched in this process: (real path, size, mtime_ns, inode, sha256). A file is
+# hashed once per run however many readers open it (train's splits, generate's Translator, ...);
+# a file rewritten since (new mtime or inode) is hashed again.
+_VERIFIED: set[tuple] = set()
+
+
 def verify_files(data_dir: str | os.PathLike, manifest: dict | None = None, names: list[str] | None = None) -> None:
-    """Check the sha256 of `names` (default: every file the manifest lists); UserError on the first
-    missing or corrupt file, naming it."""
+    """Check the sha256 of `names` (default: every file the manifest lists) against the manifest,
+    once per file and process; UserError on the first missing or corrupt file, naming it."""
     m = _manifest(data_dir, manifest)
     files = m["files"]
     for name in files if names is None else names:
@@ -113,8 +126,13 @@ def verify_files(data_dir: str | os.PathLike, manifest: dict | None = None, name
             raise UserError(f"{p}: not listed in {MANIFEST_NAME}")
         if not p.is_file():
             raise UserError(f"{p}: missing (listed in {MANIFEST_NAME})")
+        st = p.stat()
+        key = (os.path.realpath(p), st.st_size, st.st_mtime_ns, st.st_ino, files[name])
+        if key in _VERIFIED:
+            continue
         if sha256_file(p) != files[name]:
             raise UserError(f"{p}: checksum mismatch with {MANIFEST_NAME} (corrupt or modified file)")
+        _VERIFIED.add(key)
 
 
 def write_manifest(data_dir: str | os.PathLike, manifest: dict) -> None:

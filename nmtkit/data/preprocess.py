@@ -10,8 +10,9 @@ Why it is built this way:
 - Parallel and deterministic: `workers` processes encode chunks of a fixed size; results are
   consumed strictly in input order, so the output does not depend on the number of workers.
 - Never half-written: everything goes into a hidden temporary directory beside DESTDIR, the
-  manifest (the completion marker) is written last, and the directory is renamed into place only
-  then; a previous DESTDIR is moved aside and deleted only after the new one is in place.
+  manifest (the completion marker) is written last, and the directory is swapped into place only
+  then (nmtkit.data.install: `--force` replaces only the files of the dataset there, DESTDIR is
+  never missing, and the next run cleans up after a killed one).
 
 Entry points: `PreprocessConfig`, `preprocess(cfg)`; for the data directory's parts see
 nmtkit.data.manifest (`load_manifest`, `load_dictionaries`, `subword_model_path`, `verify_files`),
@@ -30,9 +31,7 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from typing import Optional
 import numpy as np
 
 from nmtkit import __version__
-from nmtkit.data import reuse, subwords
+from nmtkit.data import install, reuse, subwords
 from nmtkit.data.dictionary import Dictionary
 from nmtkit.data.manifest import (  # noqa: F401  (re-exported: the data-dir API lives with the pipeline)
     FORMAT_NAME,
@@ -60,9 +59,9 @@ from nmtkit.data.manifest import (  # noqa: F401  (re-exported: the data-dir API
 from nmtkit.data.shards import ShardInfo, ShardSetWriter, dtype_for_vocab, load_split  # noqa: F401
 from nmtkit.data.subwords import load_subword_model  # noqa: F401
 from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, iter_line_chunks, scan_text_file
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, count
 from nmtkit.io import resolve_text_path
-from nmtkit.settings import setting, split_prefixes, to_str
+from nmtkit.settings import check_numbers, setting, split_prefixes, to_str
 
 __all__ = [
     "PreprocessConfig", "PreprocessResult", "preprocess", "clean_mask",
@@ -135,6 +134,7 @@ class PreprocessConfig:
 
     def validate(self) -> None:
         """Reject impossible settings with a UserError naming the flag."""
+        check_numbers(self)
         for flag, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
             if not lang or any(c in lang for c in "/\\. \t") or lang.startswith("-"):
                 raise UserError(f"{flag} must be a short language code such as 'de', got {lang!r}")
@@ -157,7 +157,7 @@ class PreprocessConfig:
         for flag, value, lo in checks:
             if value < lo:
                 raise UserError(f"{flag} must be >= {lo}, got {value}")
-        if self.ratio != 0 and self.ratio < 1:
+        if self.ratio != 0 and not self.ratio >= 1:
             raise UserError(f"--ratio must be 0 (off) or >= 1, got {self.ratio}")
         if self.max_len and self.min_len > self.max_len:
             raise UserError(f"--min-len {self.min_len} is larger than --max-len {self.max_len}")
@@ -427,8 +427,10 @@ def _describe_difference(old: dict, options: dict, inputs: dict) -> str:
     return ", ".join(diffs[:4]) + (" ..." if len(diffs) > 4 else "") if diffs else "different build"
 
 
-def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]], force: bool) -> dict | None:
-    """Refuse dangerous or occupied destinations early; return the manifest already there, if any."""
+def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]],
+                       force: bool) -> tuple[dict | None, set[str] | None]:
+    """Refuse dangerous or occupied destinations early; return the manifest already there (if
+    any) and the names of the dataset files there (nmtkit.data.install.dataset_files)."""
     if dest.exists() and not dest.is_dir():
         raise UserError(f"--destdir {dest} exists and is not a directory")
     rdest = dest.resolve()
@@ -441,14 +443,18 @@ def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]
             if rdest in p.resolve().parents:
                 raise UserError(f"--destdir {dest} contains the input file {p}; choose another directory")
     if not dest.is_dir() or not any(dest.iterdir()):
-        return None
+        return None, set()
+    owned = install.dataset_files(dest)
+    if force:  # --force replaces the dataset's own files, nothing else
+        install.check_replaceable(dest, owned)
     try:
-        return load_manifest(dest)
+        return load_manifest(dest), owned
     except UserError as e:
         if force:
-            return None
-        raise UserError(f"--destdir {dest} is not empty and holds no complete nmtkit dataset ({e}); "
-                        "pass --force to replace it") from None
+            return None, owned
+        hint = ("pass --force to replace it" if not install.foreign_entries(dest, owned)
+                else "choose a new or empty directory")
+        raise UserError(f"--destdir {dest} is not empty and holds no complete nmtkit dataset ({e}); {hint}") from None
 
 
 def _apply_umask(tmp: Path) -> None:
@@ -460,26 +466,6 @@ def _apply_umask(tmp: Path) -> None:
         os.chmod(p, 0o666 & ~mask)
 
 
-def _install(tmp: Path, dest: Path) -> None:
-    """Move the finished `tmp` to `dest`; an old `dest` is deleted only once the new one is there."""
-    if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(dest, old)
-        try:
-            os.rename(tmp, dest)
-        except BaseException:
-            os.rename(old, dest)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, dest)
-    fd = os.open(dest.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], None] | None = None) -> PreprocessResult:
     """Build (or find up to date) the data directory `cfg.destdir`. See module docstring."""
     log = log or (lambda msg: None)
@@ -489,7 +475,8 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
     dest = Path(cfg.destdir)
     inputs = _resolve_inputs(cfg)
     reused = reuse.resolve(cfg.srcdict, cfg.tgtdict, cfg.source_lang, cfg.target_lang, cfg.joined_dictionary, cfg.bpe)
-    existing = _check_destination(dest, inputs, cfg.force)
+    install.recover(dest, log)  # what a killed run left beside DESTDIR
+    existing, owned = _check_destination(dest, inputs, cfg.force)
     for side in (reused or {}).values():
         if side.data_dir is not None and side.data_dir.resolve() == dest.resolve():
             raise UserError(f"--destdir {dest} is the data directory {side.flag} reuses; choose another directory")
@@ -505,7 +492,8 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
             task.advance(p.stat().st_size)
         a, b = (infos[split][lang] for lang in (cfg.source_lang, cfg.target_lang))
         if a.lines != b.lines:
-            raise UserError(f"{flag}: line counts differ: {a.path} has {a.lines} lines, {b.path} has {b.lines} lines")
+            raise UserError(f"{flag}: line counts differ: {a.path} has {count(a.lines, 'line')}, "
+                            f"{b.path} has {count(b.lines, 'line')}")
         if a.lines == 0:
             raise UserError(f"{flag}: {a.path} and {b.path} are empty")
     task.finish()
@@ -520,8 +508,11 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
 
     if existing is not None and not cfg.force:
         if existing.get("fingerprint") != fingerprint:
+            foreign = install.foreign_entries(dest, owned)
+            hint = (f"it also holds {', '.join(foreign[:8])}, which --force would not remove: choose another --destdir"
+                    if foreign else "pass --force to replace it")
             raise UserError(f"--destdir {dest} already holds a different dataset "
-                            f"({_describe_difference(existing, options, inputs_json)}); pass --force to replace it")
+                            f"({_describe_difference(existing, options, inputs_json)}); {hint}")
         try:
             verify_files(dest, existing)
         except UserError as e:
@@ -531,7 +522,7 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         return PreprocessResult(dest, existing, True, timings)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    tmp = install.temp_dir(dest)
     try:
         manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
         for name, path in cfg.extra_files.items():
@@ -547,9 +538,9 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
         write_manifest(tmp, manifest)  # last: its presence marks the directory complete
         _apply_umask(tmp)
-        _install(tmp, dest)
+        install.install(tmp, dest, owned)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        install.remove_temp_dir(tmp)
         raise
     timings["total"] = time.perf_counter() - t0
     return PreprocessResult(dest, manifest, False, timings)
@@ -794,6 +785,10 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings, reused=None) -
                 unk[lang] += n_unk
         task.finish()
         splits["train"] = _split_entry(langs, final, unk, infos["train"][src].lines, dropped, files)
+        for lang in langs:
+            msg = _unk_warning(cfg, lang, unk[lang], sum(s.tokens for s in prov[lang]))
+            if msg:
+                log(msg)
         timings["write_train"] = time.perf_counter() - t
         timings["binarize_cpu"] = time.process_time() - cpu0 + encoder.worker_cpu - wcpu0
 
@@ -883,6 +878,23 @@ def _remap_shard(tmp: Path, info: ShardInfo, table: np.ndarray, dtype: np.dtype,
     os.unlink(src_path)
     shard = dataclasses.replace(info, bin=out_name, dtype=np.dtype(dtype).name, bin_sha256=h.hexdigest())
     return shard, n_unk
+
+
+# A dictionary cap (--nwords*, --threshold*) that turns more than this share of the training
+# tokens into <unk> is almost certainly a mistake (`--nwordssrc 2` maps everything to <unk>).
+UNK_WARN_SHARE = 0.5
+
+
+def _unk_warning(cfg: PreprocessConfig, lang: str, n_unk: int, n_tokens: int) -> str | None:
+    """A warning line when the dictionary caps of `lang`'s side made most training tokens <unk>."""
+    side = "src" if lang == cfg.source_lang or cfg.joined_dictionary else "tgt"
+    nwords, threshold = getattr(cfg, f"nwords{side}"), getattr(cfg, f"threshold{side}")
+    caps = ([f"--nwords{side} {nwords}"] if nwords > 0 else []) + ([f"--threshold{side} {threshold}"] if threshold > 0 else [])
+    if not caps or n_tokens == 0 or n_unk <= UNK_WARN_SHARE * n_tokens:
+        return None
+    return (f"nmtkit: warning: {' and '.join(caps)} turn{'s' if len(caps) == 1 else ''} {n_unk / n_tokens:.1%} of the {lang} training tokens "
+            f"({n_unk:,} of {n_tokens:,}) into <unk>; raise {caps[0].split()[0]} (the dictionary size counts "
+            f"the 4 special symbols)")
 
 
 def _reasons_text(dropped: Counter) -> str:

@@ -237,11 +237,12 @@ class ShardedDataset:
                 yield s[j]
 
 
-def load_split(data_dir: str | os.PathLike, split: str, lang: str, verify: bool = False) -> ShardedDataset:
+def load_split(data_dir: str | os.PathLike, split: str, lang: str, verify: bool = True) -> ShardedDataset:
     """Open `split` ("train", "valid", "test", ...) of language `lang` in a preprocessed data dir.
 
-    Sizes are always checked against the index (cheap); `verify=True` also checks the sha256 of
-    every shard file against manifest.json and raises UserError naming a corrupt file.
+    Sizes are always checked against the index (cheap); `verify` (the default) also checks the
+    sha256 of every shard file against manifest.json, once per file and process
+    (nmtkit.data.manifest.verify_files), and raises UserError naming a corrupt file.
     """
     from nmtkit.data.manifest import load_manifest, verify_files
 

@@ -174,13 +174,18 @@ def count_words(lines: Iterable[str], counts: Counter | None = None) -> Counter:
 def load_subword_model(data_dir: str | os.PathLike, lang: str) -> SubwordModel:
     """The subword model that `nmtkit preprocess` applied to language `lang` in `data_dir`.
 
-    Generation uses it to segment raw input (`encode`) and detokenize output (`decode`).
+    Generation uses it to segment raw input (`encode`) and detokenize output (`decode`). The file
+    is checked against the manifest's sha256 first (once per process): a flipped byte in
+    spm.model would otherwise change every translation silently.
     """
-    from nmtkit.data.manifest import load_manifest, subword_model_path
+    from nmtkit.data.manifest import load_manifest, subword_model_path, verify_files
 
     manifest = load_manifest(data_dir)
     sub = manifest["subword"]
     # "kinds" (per language) exists since a side may have no subword model (parsing's trees);
     # older data directories have one kind for both sides.
     kind = sub.get("kinds", {}).get(lang, sub["kind"])
-    return load_model_file(kind, subword_model_path(data_dir, lang, manifest))
+    path = subword_model_path(data_dir, lang, manifest)
+    if path is not None:
+        verify_files(data_dir, manifest, [path.name])
+    return load_model_file(kind, path)

@@ -118,13 +118,13 @@ def split_items(data_dir: str, split: str, src_lang: str, tgt_lang: str, trunc: 
     """(count, items) of a binarized split; targets are attached when the split has them."""
     from nmtkit.data.shards import load_split
 
-    src = load_split(data_dir, split, src_lang)
+    src = load_split(data_dir, split, src_lang)  # checksums verified: a flipped byte is an error
     try:
-        tgt = load_split(data_dir, split, tgt_lang)
-        if len(tgt) != len(src):
-            tgt = None
-    except UserError:
+        tgt = load_split(data_dir, split, tgt_lang, verify=False)
+    except UserError:  # no target side
         tgt = None
+    if tgt is not None:
+        tgt = load_split(data_dir, split, tgt_lang) if len(tgt) == len(src) else None
 
     def gen() -> Iterator[Item]:
         for i in range(len(src)):
@@ -219,28 +219,30 @@ def _progress(enabled: bool, total: int | None):
     """A rich progress bar on stderr (sentences, rate, ETA), or None."""
     if not enabled:
         return None
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
         Progress,
         TaskProgressColumn,
-        TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
 
+    from nmtkit.console import stderr_console, text_column
+
+    console = stderr_console()
     return Progress(
-        TextColumn("generate"),
+        text_column("generate"),
         BarColumn(),
         MofNCompleteColumn(),
         TaskProgressColumn(),
-        TextColumn("{task.fields[rate]} sent/s"),
+        text_column("{task.fields[rate]} sent/s"),
         TimeElapsedColumn(),
-        TextColumn("ETA"),
+        text_column("ETA"),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
         transient=True,
+        disable=not console.is_terminal,  # in a log file, a bar would leave only a blank line
     )
 
 

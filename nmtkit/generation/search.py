@@ -32,12 +32,15 @@ from typing import Any, Sequence
 
 import torch
 
-from nmtkit.settings import SettingError, setting
+from nmtkit.settings import SettingError, check_numbers, setting
 
 # docs/internals.md: Dictionary reserves these ids in this order.
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
 LENPEN_FORMS = ("gnmt", "fairseq")
+# |alpha| above this overflows the length penalty in float32 on long outputs (fairseq form:
+# 4096^10 = 1.3e36; ^20 would be inf) and is far from any useful value (the paper: 0.6).
+LENPEN_LIMIT = 10.0
 EARLY_STOP = ("bound", "beam", "none")
 
 
@@ -78,6 +81,8 @@ class SearchConfig:
     def __post_init__(self) -> None:
         """Refuse an impossible search with a SettingError (a UserError naming the flag, and the
         ValueError library callers catch)."""
+        check_numbers(self)
+        check_lenpen(self.lenpen, "--lenpen")
         if self.beam < 1:
             raise SettingError(f"--beam must be >= 1, got {self.beam}")
         if self.nbest < 1:
@@ -111,6 +116,13 @@ class Hypothesis:
     score: float  # logprob / lp(len(tokens) + 1): what the search ranks by
     logprob: float  # sum of the token log-probs, </s> included
     positional_scores: list[float] = field(default_factory=list)  # len(tokens) + 1 entries
+
+
+def check_lenpen(alpha: float, flag: str) -> None:
+    """SettingError naming `flag` unless -LENPEN_LIMIT <= alpha <= LENPEN_LIMIT."""
+    if not -LENPEN_LIMIT <= alpha <= LENPEN_LIMIT:
+        raise SettingError(f"{flag} must be between {-LENPEN_LIMIT:g} and {LENPEN_LIMIT:g} (the paper: 0.6; "
+                           f"larger values overflow the length penalty), got {alpha}")
 
 
 def length_penalty(length: torch.Tensor | float, alpha: float, form: str) -> torch.Tensor | float:
@@ -206,7 +218,8 @@ def _source_lengths(src_tokens: torch.Tensor, cfg: SearchConfig) -> torch.Tensor
 def max_lengths(src_tokens: torch.Tensor, cfg: SearchConfig) -> torch.Tensor:
     """Per-sentence limit on generated tokens before </s>: floor(a*src_len + b), capped. (B,) long."""
     src_len = _source_lengths(src_tokens, cfg).double()
-    lim = torch.floor(cfg.max_len_a * src_len + cfg.max_len_b).clamp(min=0).long()
+    # clamped in float64 first: a huge --max-len-a must give the cap, not an int64 overflow
+    lim = torch.floor(cfg.max_len_a * src_len + cfg.max_len_b).clamp(min=0, max=2.0**62).long()
     if cfg.max_len_cap is not None:
         lim = lim.clamp(max=max(cfg.max_len_cap, 0))
     return lim

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from nmtkit.errors import UserError
+from nmtkit.settings import check_number
 
 SHARE_MODES = ("all", "decoder", "none")
 
@@ -104,6 +105,8 @@ class ArchConfig:
                 ok = isinstance(v, want)
             if not ok:
                 raise UserError(f"{_flag(f.name)} must be {want.__name__}, got {v!r}")
+            if want is float:
+                check_number(_flag(f.name), float(v))  # finite and float32-sized
         for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads",
                      "max_source_positions", "max_target_positions"):
             if getattr(self, name) <= 0:

@@ -16,13 +16,14 @@ the shorter) and the usual brevity penalty, which is sacrebleu's BLEU with `toke
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from nmtkit.errors import UserError
-from nmtkit.io import read_lines
+from nmtkit.errors import UserError, count
+from nmtkit.io import read_lines, require_file
 
 # Metric keys accepted by `--metric` for translation (parseval lives in nmtkit.scoring.parseval).
 TRANSLATION_METRICS = ("bleu", "chrf", "chrf++", "ter", "tok-bleu")
@@ -63,6 +64,13 @@ class MosesTokenizer:
     XML escaping (`tokenizer.perl`'s default) is off: it renames tokens (`"` -> `&quot;`) the same
     way on both sides, which leaves BLEU unchanged, except where an escaped character sits between
     two hyphens (`x-'-y`) and the non-overlapping compound split then matches differently.
+
+    Which tokenizer.perl: sacremoses follows it as it was before Moses commit 9fc964d
+    (2018-11-07, "split final dots unconditionally"), the one of the paper's time. Since then
+    tokenizer.perl also splits the period of a line's last token when the old rules kept it
+    (`iPhone 5.`, `p.m.`, `FoxNews.com.`, `II.`); on 16 WMT17 En-De systems that moves
+    multi-bleu.perl BLEU by at most 0.01 (docs/score.md). `moses_rules()` says which rule the
+    installed sacremoses follows, and the tok-bleu signature records it.
     """
 
     def __init__(self, lang: str):
@@ -74,6 +82,21 @@ class MosesTokenizer:
 
     def __call__(self, line: str) -> str:
         return self._tok.tokenize(line, escape=False, return_str=True)
+
+
+# The Moses tokenizer.perl commit that made it split every line's final period (2018-11-07).
+MOSES_FINAL_DOT_COMMIT = "9fc964d"
+
+
+@functools.lru_cache(maxsize=None)
+def moses_rules() -> str:
+    """"pre-2018-11" when the installed sacremoses keeps a line-final `U.S.A.` whole, as
+    tokenizer.perl did before commit 9fc964d (checked, not assumed: a future sacremoses may
+    follow the new rule); "2018-11" when it splits it as tokenizer.perl does since."""
+    import sacremoses
+
+    out = sacremoses.MosesTokenizer(lang="en").tokenize("from the U.S.A.", escape=False, return_str=True)
+    return "pre-2018-11" if out.endswith(" U.S.A.") else "2018-11"
 
 
 def _sacremoses_version() -> str:
@@ -177,22 +200,23 @@ def check_tokenizer(name: str) -> None:
 def read_text(path: str | os.PathLike, flag: str) -> list[str]:
     """All lines of a text file (or '-' for stdin); refuse an empty file, naming the flag."""
     name = "<stdin>" if str(path) == "-" else str(path)
-    if str(path) != "-" and not os.path.isfile(path):
-        what = "a directory" if os.path.isdir(path) else "not found"
-        raise UserError(f"{flag}: {name}: file {what}")
+    require_file(path, flag)
     lines = list(read_lines(path))
     if not lines:
         raise UserError(f"{flag}: {name} is empty: nothing to score")
     return lines
 
 
-def check_parallel(hyps: Sequence[str], hyp_name: str, refs: Sequence[Sequence[str]], ref_names: Sequence[str]) -> None:
-    """Hypotheses and every reference must have the same number of lines."""
+def check_parallel(hyps: Sequence[str], hyp_name: str, refs: Sequence[Sequence[str]], ref_names: Sequence[str],
+                   what: str = "hypotheses") -> None:
+    """Hypotheses (or, `what`, the --paired-bs baseline) and every reference must have the same
+    number of lines."""
+    verb = "have" if what == "hypotheses" else "has"
     for ref, name in zip(refs, ref_names):
         if len(ref) != len(hyps):
             raise UserError(
-                f"line counts differ: hypotheses {hyp_name} have {len(hyps)} lines but reference "
-                f"{name} has {len(ref)} lines; they must be parallel, one segment per line"
+                f"line counts differ: {what} {hyp_name} {verb} {count(len(hyps), 'line')} but reference "
+                f"{name} has {count(len(ref), 'line')}; they must be parallel, one segment per line"
             )
 
 
@@ -282,6 +306,7 @@ def _tok_bleu_signature(sig: Any, opts: TranslationOptions) -> None:
     sig.update("tok", "pretokenized" if opts.pretokenized else f"moses-{opts.lang}")
     if not opts.pretokenized:
         sig.update("sacremoses", _sacremoses_version())
+        sig.update("moses", moses_rules())  # which tokenizer.perl it equals (see MosesTokenizer)
     version = sig.info.pop("version")  # keep "version" last, as sacrebleu does
     sig.info["version"] = version
 

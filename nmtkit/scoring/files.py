@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, count
 from nmtkit.settings import setting
 from nmtkit.scoring.bleu import (
     TRANSLATION_METRICS,
@@ -124,6 +124,13 @@ def sys_path(sys_file: str | None) -> str:
     return "-"
 
 
+def _warn_if_blank(warnings: list[str], flag: str, name: str, lines: list[str]) -> None:
+    """An all-blank system output scores 0 everywhere: almost surely a failed run, so say so."""
+    if all(not line.strip() for line in lines):
+        warnings.append(f"{flag} {name}: all {count(len(lines), 'line')} are empty or blank; its scores are "
+                        f"those of an empty output (did the translation run fail?)")
+
+
 def read_translation_inputs(ref_paths: list[Path], sys_file: str | None, paired_bs: Path | None = None) -> TranslationInputs:
     """Read every file (`sys_file` None = stdin); UserError on a missing file or unequal line counts."""
     refs = [read_text(r, "--ref") for r in ref_paths]
@@ -133,16 +140,18 @@ def read_translation_inputs(ref_paths: list[Path], sys_file: str | None, paired_
     for r, name in zip(refs[1:], ref_names[1:]):
         if len(r) != len(refs[0]):
             raise UserError(
-                f"line counts differ: reference {ref_names[0]} has {len(refs[0])} lines but reference "
-                f"{name} has {len(r)} lines"
+                f"line counts differ: reference {ref_names[0]} has {count(len(refs[0]), 'line')} but reference "
+                f"{name} has {count(len(r), 'line')}"
             )
     path = sys_path(sys_file)
     hyps = read_text(path, "--sys")
     inputs = TranslationInputs(hyps, refs, display_name(path), ref_names)
     check_parallel(hyps, inputs.sys_name, refs, ref_names)
+    _warn_if_blank(inputs.warnings, "--sys", inputs.sys_name, hyps)
     if paired_bs is not None:
         inputs.baseline, inputs.baseline_name = read_text(paired_bs, "--paired-bs"), str(paired_bs)
-        check_parallel(inputs.baseline, inputs.baseline_name, refs, ref_names)
+        check_parallel(inputs.baseline, inputs.baseline_name, refs, ref_names, what="baseline (--paired-bs)")
+        _warn_if_blank(inputs.warnings, "--paired-bs", inputs.baseline_name, inputs.baseline)
         if inputs.baseline == hyps:
             inputs.warnings.append(
                 f"--paired-bs {paired_bs} is identical to the hypotheses; sacrebleu reports p = 1/(n+1) "

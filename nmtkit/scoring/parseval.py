@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, Sequence
 
-from nmtkit.errors import UserError
-from nmtkit.io import read_lines
+from nmtkit.errors import UserError, count
+from nmtkit.io import read_lines, require_file
 from nmtkit.parsing.trees import Tree, TreeError, parse_trees
 
 _WS = " \t\n\r\f\v"  # C isspace() in the "C" locale
@@ -100,8 +100,7 @@ def read_evalb_params(path: str | os.PathLike) -> EvalbParams:
     DELETE_LABEL_FOR_LENGTH, EQ_LABEL, EQ_WORD.
     """
     name = str(path)
-    if not os.path.isfile(path):
-        raise UserError(f"--evalb-param: {name}: file not found")
+    require_file(path, "--evalb-param")
     delete: list[str] = []
     delete_len: list[str] = []
     eq_labels: list[tuple[str, str]] = []
@@ -540,8 +539,8 @@ def evaluate(
     """Score parallel lists of bracketed trees (one per line) like `evalb -p PARAMS gold test`."""
     if len(gold_lines) != len(test_lines):
         raise UserError(
-            f"line counts differ: test trees {test_name} have {len(test_lines)} lines but gold trees "
-            f"{gold_name} have {len(gold_lines)} lines; they must be parallel, one tree per line"
+            f"line counts differ: test trees {test_name} have {count(len(test_lines), 'line')} but gold trees "
+            f"{gold_name} have {count(len(gold_lines), 'line')}; they must be parallel, one tree per line"
         )
     if not gold_lines:
         raise UserError(f"{gold_name} is empty: no trees to score")
@@ -597,9 +596,8 @@ def evaluate_files(
     """`evaluate` on two files (plain, .gz, or '-' for stdin as the test side)."""
     gold_name = str(gold_path)
     test_name = "<stdin>" if str(test_path) == "-" else str(test_path)
-    for flag, path, name in ((gold_flag, gold_path, gold_name), (test_flag, test_path, test_name)):
-        if str(path) != "-" and not os.path.isfile(path):
-            raise UserError(f"{flag}: {name}: file not found")
+    for flag, path in ((gold_flag, gold_path), (test_flag, test_path)):
+        require_file(path, flag)
     gold = list(read_lines(gold_path))
     test = list(read_lines(test_path))
     if not test:

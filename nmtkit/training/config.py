@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from nmtkit.errors import UserError
-from nmtkit.settings import negate, none_if_zero, setting, to_str
+from nmtkit.settings import check_numbers, negate, none_if_zero, setting, to_str
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULERS = ("noam", "inverse_sqrt")
@@ -164,6 +164,7 @@ class TrainConfig:
             if v < 0 or (isinstance(v, float) and math.isnan(v)):
                 raise UserError(f"{flag(name)} must be >= 0, got {v}")
 
+        check_numbers(self)
         if self.max_tokens is None and self.batch_size is None:
             raise UserError("give --max-tokens or --batch-size (or both)")
         positive("max_tokens", allow_none=True)
@@ -190,6 +191,9 @@ class TrainConfig:
             non_negative(name)
         positive("eval_bleu_beam")
         non_negative("eval_bleu_max_len_a")
+        from nmtkit.generation.search import check_lenpen
+
+        check_lenpen(self.eval_bleu_lenpen, "--eval-bleu-lenpen")
         non_negative("eval_bleu_max_len_b")
         if self.best_checkpoint_metric not in BEST_METRICS:
             raise UserError(

@@ -27,12 +27,13 @@ import datetime
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+from nmtkit.console import stderr_console, text_column
 
 from nmtkit.io import reporting_disk_full
 
@@ -154,19 +155,19 @@ class TrainProgress:
     """The training progress display: a rich bar on a terminal, plain lines otherwise."""
 
     def __init__(self, enabled: bool, total_updates: int | None, start_update: int, console: Console | None = None):
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or stderr_console()
         self.live = enabled and self.console.is_terminal
         self._progress: Progress | None = None
         self._task = None
         if self.live:
             self._progress = Progress(
-                TextColumn("epoch {task.fields[epoch]}"),
+                text_column("epoch {task.fields[epoch]}"),
                 BarColumn(bar_width=24),
-                TextColumn("update {task.completed:.0f}{task.fields[of]}"),
-                TextColumn("loss {task.fields[loss]} ppl {task.fields[ppl]} lr {task.fields[lr]}"),
-                TextColumn("{task.fields[tps]} tgt tok/s"),
+                text_column("update {task.completed:.0f}{task.fields[of]}"),
+                text_column("loss {task.fields[loss]} ppl {task.fields[ppl]} lr {task.fields[lr]}"),
+                text_column("{task.fields[tps]} tgt tok/s"),
                 TimeElapsedColumn(),
-                TextColumn("ETA"),
+                text_column("ETA"),
                 TimeRemainingColumn(),
                 console=self.console,
                 transient=False,
@@ -191,15 +192,11 @@ class TrainProgress:
     def line(self, text: str, style: str | None = None) -> None:
         """A message above the bar (or a plain stderr line without a terminal)."""
         if self._progress is not None:
-            self._progress.console.print(text, style=style, markup=False, highlight=False)
+            self._progress.console.print(text, style=style, markup=False, emoji=False, highlight=False)
         else:
-            self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+            self.console.print(text, style=style, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-
-
-def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, file=sys.stderr)

@@ -21,7 +21,6 @@ bit-identically on CPU.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -480,7 +479,7 @@ class Trainer:
             f"{where}: {self.cfg.arch} ({self.n_params / 1e6:.1f}M parameters) on {self.device}"
             f"{f' x {self.info.world_size} processes' if self.info.enabled else ''}, {self.cfg.precision}; "
             f"{len(self.train_src)} training pairs, {len(self.train_batches)} batches per epoch"
-            f"{f' per process' if self.info.enabled else ''}")
+            f"{' per process' if self.info.enabled else ''}")
         if start.changed:
             self.progress.line("changed from the checkpoint: " + ", ".join(
                 f"{k} {old} -> {new}" for k, (old, new) in start.changed.items()), style="yellow")

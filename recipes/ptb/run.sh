@@ -114,14 +114,18 @@ ptb_setup() {
              MAX_LEN_B SAVE_INTERVAL_UPDATES WORKERS THREADS SEED THRESHOLD_SRC; do _int "$v"; done
     if [ "$SMOKE" = 1 ] || [ "$SAMPLE" = 1 ]; then
         TREEBANK=$SMOKE_TREEBANK
-        [ -f "$TREEBANK" ] || die "SMOKE=1 and SAMPLE=1 need $TREEBANK (set NMTKIT_SHARED to the shared/ folder)"
     else
         [ -n "$PTB_DIR" ] || die "set PTB_DIR to the LDC Treebank-3 parsed/mrg/wsj folder (or SAMPLE=1 / SMOKE=1 for the NLTK sample)"
-        [ -d "$PTB_DIR" ] || die "PTB_DIR=$PTB_DIR is not a folder"
         TREEBANK=$PTB_DIR
     fi
-    if [ -n "$SILVER" ] && [ ! -e "$SILVER" ]; then die "SILVER=$SILVER: no such file"; fi
     stages_init "${STAGE:-}" "${LAST_STAGE:-}"
+    # Then the files: a mistake in the settings is named even where the data is missing.
+    if [ -n "$SILVER" ] && [ ! -e "$SILVER" ]; then die "SILVER=$SILVER: no such file"; fi
+    if [ "$TREEBANK" = "$SMOKE_TREEBANK" ]; then
+        [ -f "$TREEBANK" ] || die "SMOKE=1 and SAMPLE=1 need $TREEBANK (set NMTKIT_SHARED to the shared/ folder)"
+    else
+        [ -d "$PTB_DIR" ] || die "PTB_DIR=$PTB_DIR is not a folder"
+    fi
     nmtkit_env || die "could not set up the Python environment (recipes/lib/env.sh)"
     if [ "$DEVICE" = auto ]; then
         DEVICE=$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')

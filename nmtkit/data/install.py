@@ -1,0 +1,250 @@
+"""Putting a finished data directory in place: only nmtkit's own files are ever replaced, DESTDIR is
+never missing, and what a killed run leaves behind is cleaned up (or restored) by the next run.
+
+Why: `preprocess --force` once renamed the whole DESTDIR aside and deleted it, taking a user's
+`precious.txt` and subfolders with it, and a kill between its two renames left no DESTDIR at all.
+Now:
+- `--force` replaces a DESTDIR only when everything in it belongs to the dataset there (the files
+  its manifest lists, and the manifest); anything else is named and the run refused
+  (`check_replaceable`), before any work and again just before the swap.
+- The new directory is built beside DESTDIR (`.NAME.XXXXXXXX.partial`, made by `temp_dir`) and
+  swapped with the old one in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`), so DESTDIR
+  always holds a complete dataset, old or new. Where the system cannot swap, the old directory
+  is renamed to `.NAME.old-XXXXXXXX` and the new one into place; a kill between the two leaves
+  the old dataset there, and the next `preprocess` (`recover`) renames it back.
+- A directory being built or replaced is locked (flock) by its run, so `recover` removes only
+  the leftovers of runs that are gone, never those of a run still going.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from nmtkit.data.manifest import FORMAT_NAME, MANIFEST_NAME
+from nmtkit.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None  # type: ignore[assignment]
+
+_LOCKS: dict[str, int] = {}  # path -> fd holding the flock, while this process owns the directory
+
+
+def dataset_files(dest: Path) -> set[str] | None:
+    """The names the nmtkit dataset in `dest` owns (its manifest's files and the manifest), or
+    None when `dest` holds no readable nmtkit manifest. Any format version counts: a dataset of
+    an older nmtkit is still nmtkit's to replace."""
+    try:
+        m = json.loads((dest / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME or not isinstance(m.get("files"), dict):
+        return None
+    names = {n for n in m["files"] if isinstance(n, str) and n and "/" not in n and "\\" not in n and n not in (".", "..")}
+    return names | {MANIFEST_NAME}
+
+
+def foreign_entries(dest: Path, owned: set[str] | None) -> list[str]:
+    """Entries of `dest` that are not the dataset's own plain files (folders end with "/")."""
+    out = []
+    for p in sorted(dest.iterdir()):
+        if owned is None or p.name not in owned or p.is_symlink() or not p.is_file():
+            out.append(p.name + ("/" if p.is_dir() and not p.is_symlink() else ""))
+    return out
+
+
+def _names(entries: list[str], at_most: int = 8) -> str:
+    shown = ", ".join(entries[:at_most])
+    return shown + (f" and {len(entries) - at_most} more" if len(entries) > at_most else "")
+
+
+def check_replaceable(dest: Path, owned: set[str] | None) -> None:
+    """UserError naming what `dest` holds besides an nmtkit dataset: --force never deletes it."""
+    foreign = foreign_entries(dest, owned)
+    if not foreign:
+        return
+    if owned is None:
+        raise UserError(f"--destdir {dest} is not empty and holds no nmtkit dataset ({_names(foreign)}); "
+                        "--force replaces only a dataset nmtkit wrote: choose a new or empty directory")
+    raise UserError(f"--destdir {dest} holds files that are not part of its nmtkit dataset ({_names(foreign)}); "
+                    "--force replaces only the files its manifest.json lists: move them away or choose "
+                    "another --destdir")
+
+
+# ---- locks: which hidden directories belong to a live run --------------------------------------
+
+
+def _lock(path: Path) -> None:
+    """Hold an exclusive flock on directory `path` until `_unlock` (or this process ends)."""
+    if fcntl is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    _LOCKS[str(path)] = fd
+
+
+def _unlock(path: Path) -> None:
+    fd = _LOCKS.pop(str(path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _in_use(path: Path) -> bool:
+    """True while some live process holds `path`'s lock (this one included)."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True  # vanished or unreadable: leave it alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the probe's lock
+    return False
+
+
+# ---- building beside DESTDIR and swapping ---------------------------------------------------------
+
+
+def _real(dest: Path) -> Path:
+    """A DESTDIR that is a symlink to a directory is built and swapped where it points (the link
+    stays; swapping the link itself would leave the data behind it orphaned)."""
+    return Path(os.path.realpath(dest)) if dest.is_symlink() and dest.is_dir() else dest
+
+
+
+def temp_dir(dest: Path) -> Path:
+    """A new hidden directory beside `dest` to build in, locked by this process."""
+    dest = _real(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    _lock(tmp)
+    return tmp
+
+
+def remove_temp_dir(tmp: Path) -> None:
+    _unlock(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directory entries atomically (Linux renameat2 RENAME_EXCHANGE). False where the
+    system or the file system cannot; the caller then uses two renames."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc < 2.28, musl
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def install(tmp: Path, dest: Path, owned: set[str] | None) -> None:
+    """Put the finished `tmp` at `dest`. An existing `dest` must hold only the dataset `owned`
+    names (checked again here, just before the swap); it is swapped out atomically and deleted
+    once the new one is in place."""
+    dest = _real(dest)
+    if not dest.exists():
+        os.rename(tmp, dest)
+        _unlock(tmp)
+    else:
+        check_replaceable(dest, owned)
+        if _exchange(tmp, dest):
+            _unlock(tmp)  # the lock stays with the new data (now at dest); tmp holds the old
+            old = tmp
+        else:
+            old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+            _lock(dest)  # the old data, soon at `old`: not a leftover while this run lives
+            os.rename(dest, old)
+            try:
+                os.rename(tmp, dest)
+            except BaseException:
+                os.rename(old, dest)
+                _unlock(dest)
+                raise
+            _unlock(tmp)
+            _LOCKS[str(old)] = _LOCKS.pop(str(dest))
+        _fsync_dir(dest.parent)
+        _unlock(old)
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(dest.parent)
+
+
+# ---- the next run: leftovers of a killed one --------------------------------------------------
+
+
+def _leftovers(dest: Path) -> list[tuple[str, Path]]:
+    """("partial" | "old", path) for the hidden directories beside `dest` of runs no longer alive."""
+    if not dest.parent.is_dir():
+        return []
+    name = re.escape(dest.name)
+    partial = re.compile(rf"^\.{name}\.[a-z0-9_]{{8}}\.partial$")
+    old = re.compile(rf"^\.{name}\.old-[0-9a-f]{{8}}$")
+    out = []
+    for p in sorted(dest.parent.iterdir()):
+        kind = "partial" if partial.match(p.name) else "old" if old.match(p.name) else None
+        if kind and p.is_dir() and not p.is_symlink() and not _in_use(p):
+            out.append((kind, p))
+    return out
+
+
+def recover(dest: Path, log: Callable[[str], None]) -> None:
+    """Finish what a killed `preprocess` left: when `dest` is missing but the dataset it was
+    replacing survives beside it (`.NAME.old-*`, the two-rename fallback), rename it back; then
+    remove the hidden build and old directories of runs that are gone."""
+    dest = _real(dest)
+    found = _leftovers(dest)
+    if not dest.exists() and not dest.is_symlink():
+        olds = [p for kind, p in found if kind == "old" and (p / MANIFEST_NAME).is_file()]
+        if olds:
+            back = max(olds, key=lambda p: p.stat().st_mtime)
+            os.rename(back, dest)
+            found = [(k, p) for k, p in found if p != back]
+            log(f"restored {dest} from {back.name}, where an interrupted 'nmtkit preprocess --force' left it")
+    for _, p in found:
+        shutil.rmtree(p, ignore_errors=True)
+        log(f"removed {p}, left by an interrupted 'nmtkit preprocess'")
+
+
+def interrupted_install_hint(dest: Path) -> str:
+    """For a missing data directory: where an interrupted --force install left its dataset, if it did."""
+    with contextlib.suppress(OSError):
+        olds = [p for kind, p in _leftovers(dest) if kind == "old"]
+        if olds:
+            return (f" (an interrupted 'nmtkit preprocess --force' left the previous dataset in {olds[0]}; "
+                    "run the same preprocess command again to restore it or finish)")
+    return ""
