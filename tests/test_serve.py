@@ -422,3 +422,19 @@ def test_missing_extra_is_one_line(monkeypatch, setup, run_cli):  # noqa: F811
     assert r.code == 2
     assert r.err.strip() == "nmtkit: error: nmtkit serve needs the serve extra (uvicorn is missing): pip install 'nmtkit[serve]'"
 
+
+
+def test_docs_python_example_runs(setup, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from nmtkit import Translator
+
+    data, ckpt, _, _ = setup
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "avg5.pt").symlink_to(ckpt)
+    (tmp_path / "data-bin").symlink_to(data, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    text = (REPO / "docs" / "serve.md").read_text(encoding="utf-8")
+    code = re.search(r"## In Python.*?```python\n(.*?)```", text, re.DOTALL).group(1)
+    assert "Batcher(tr, max_batch_sentences=64" in code
+    exec(compile(code, "docs/serve.md", "exec"), {})  # noqa: S102 - the documented example itself
+    want = Translator.load(ckpt, data, warn=lambda m: None).translate(["Ein Hund läuft."], beam=5)
+    assert capsys.readouterr().out.splitlines() == want
