@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import random
@@ -115,6 +116,15 @@ def post(url: str, body, client=None, **kw):
     if isinstance(body, (bytes, str)):
         return c.post(f"{url}/translate", content=body, timeout=60, **kw)
     return c.post(f"{url}/translate", json=body, timeout=60, **kw)
+
+
+def send(url: str, body) -> http.client.HTTPConnection:
+    """Send a /translate request and return at once (the answer: `.getresponse()`): the request is
+    on its way before the test goes on, whatever the machine's load."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    conn.request("POST", "/translate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return conn
 
 
 # ------------------------------------------------------------------- order, completeness, equality
@@ -245,13 +255,12 @@ def test_full_queue_is_503_with_retry_after(setup, want):  # noqa: F811
     data, ckpt, _, _ = setup
     with running(options(data, ckpt, max_wait_ms=3000, max_queue=4, max_request_sentences=4)) as (url, _, _):
         first = POOL[:4]
-        with ThreadPoolExecutor(1) as ex:
-            fut = ex.submit(post, url, {"text": first})  # waits up to 3 s for company, filling the queue
-            time.sleep(0.5)
-            r = post(url, {"text": [POOL[5]]})
-            assert r.status_code == 503 and r.headers["retry-after"] == "1"
-            assert r.json() == {"error": "the queue is full (4 sentences waiting, at most 4)"}
-            assert fut.result().json() == {"translations": [want[s] for s in first]}
+        conn = send(url, {"text": first})  # waits up to 3 s for company, filling the queue
+        time.sleep(0.5)
+        r = post(url, {"text": [POOL[5]]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json() == {"error": "the queue is full (4 sentences waiting, at most 4)"}
+        assert json.loads(conn.getresponse().read()) == {"translations": [want[s] for s in first]}
         assert post(url, {"text": [POOL[5]]}).json() == {"translations": [want[POOL[5]]]}  # room again
 
 
@@ -361,17 +370,16 @@ def test_signal_finishes_the_request_in_flight_stops_accepting_and_exits_0(setup
     data, ckpt, _, _ = setup
     proc, url, err = start_cli(data, ckpt, "--max-wait-ms", "3000")
     try:
-        with ThreadPoolExecutor(1) as ex:
-            t0 = time.monotonic()
-            fut = ex.submit(post, url, {"text": POOL[:5]})  # waits 3 s in the queue for company
-            time.sleep(0.8)
-            proc.send_signal(sig)
-            time.sleep(0.8)
-            with pytest.raises(httpx.TransportError):  # no new connections
-                httpx.get(f"{url}/health", timeout=5)
-            r = fut.result(60)
-            assert time.monotonic() - t0 >= 2.9  # it was in flight all along
-        assert r.status_code == 200 and r.json() == {"translations": [want[s] for s in POOL[:5]]}
+        t0 = time.monotonic()
+        conn = send(url, {"text": POOL[:5]})  # sent; it waits 3 s in the queue for company
+        time.sleep(0.8)
+        proc.send_signal(sig)
+        time.sleep(0.8)
+        with pytest.raises(httpx.TransportError):  # no new connections
+            httpx.get(f"{url}/health", timeout=5)
+        r = conn.getresponse()
+        assert time.monotonic() - t0 >= 2.9  # it was in flight all along
+        assert r.status == 200 and json.loads(r.read()) == {"translations": [want[s] for s in POOL[:5]]}
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
