@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Load benchmark of `nmtkit serve` on loopback (127.0.0.1 only): throughput and p50/p99 latency
 # for 1, 8 and 32 concurrent clients (one sentence per request) against the same sentences
-# translated one request at a time by a server that does not batch. Bounded: COUNT sentences
-# per phase, no new request after MAX_SECONDS per phase.
+# translated one request at a time by a server that does not batch. Bounded: RUNS x COUNT
+# sentences per phase, no new request after MAX_SECONDS per phase.
 #
 #   CKPT=path/to/checkpoint.pt DATA=path/to/data-bin bash recipes/bench/serve.sh
 #
@@ -12,6 +12,7 @@
 #                      (default: ../shared/data/multi30k/test_2016_flickr.de.gz)
 #   COUNT=200          sentences per phase (the first COUNT non-empty lines)
 #   CLIENTS=1,8,32     concurrent clients of the batching server
+#   RUNS=3             runs of every phase (alternating): the median throughput is reported
 #   THREADS=2          torch CPU threads of the server
 #   MAX_SECONDS=300    per phase: no new requests after this (the table says how many were done)
 #   SEARCH_FLAGS="..." nmtkit serve search flags for both servers (default: generate's defaults)
@@ -33,6 +34,6 @@ fi
 input=${INPUT:-$(pwd)/../shared/data/multi30k/test_2016_flickr.de.gz}
 [ -f "$input" ] || { echo "[bench] INPUT $input not found" >&2; exit 2; }
 python recipes/bench/serve_bench.py --data "$DATA" --ckpt "$CKPT" --input "$input" \
-    --count "${COUNT:-200}" --clients "${CLIENTS:-1,8,32}" --threads "${THREADS:-2}" \
+    --count "${COUNT:-200}" --clients "${CLIENTS:-1,8,32}" --runs "${RUNS:-3}" --threads "${THREADS:-2}" \
     --max-seconds "${MAX_SECONDS:-300}" --search-flags "${SEARCH_FLAGS:-}" --batch-flags "${BATCH_FLAGS:-}" \
     --work "${BENCH_DIR:-$(pwd)/work/bench_serve}"

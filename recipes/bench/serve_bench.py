@@ -1,19 +1,21 @@
 """Load benchmark of `nmtkit serve` on loopback: throughput and latency with 1, 8 and 32
 concurrent clients, against the same sentences translated one request at a time.
 
-Two servers are started in turn on 127.0.0.1 (an ephemeral port), each a `python -m nmtkit
-serve` process:
+Two `python -m nmtkit serve` processes run on 127.0.0.1 (ephemeral ports):
 1. "sequential": a server that never batches (--max-batch-sentences 1 --max-wait-ms 0) and one
    client sending one sentence per request, one request at a time: what translating request by
    request gives;
 2. "batching": a server with the batching flags (the defaults, or BATCH_FLAGS), and 1, 8, 32
    clients, each sending one sentence per request as soon as its previous answer arrives.
 Every client uses one keep-alive HTTP/1.1 connection (http.client, standard library). Each
-phase translates the same COUNT sentences once (the first COUNT lines of the input) after a few
-warm-up requests, and stops issuing requests after MAX_SECONDS (the table says how many were
-done). Latency is per request, from sending to the whole answer. The answers of every phase are
-compared with the sequential ones (each sentence searched alone: what `nmtkit generate` gives).
-The mean batch is the sentences searched together per request, from the server's log lines.
+phase translates the same COUNT sentences once (the first COUNT lines of the input), and stops
+issuing requests after MAX_SECONDS (the output says so). Both servers are warmed up with a few
+requests, and the phases of each of RUNS runs alternate between them, so that the machine's load
+changes spread over all rows: the table has the median throughput of the runs, and latency
+percentiles (per request, from sending to the whole answer) over all runs. The answers of every
+phase are compared with the first sequential run's (each sentence searched alone: what `nmtkit
+generate` gives). The mean batch is the sentences searched together per request, from the
+server's log lines.
 
 Called by recipes/bench/serve.sh, which documents the variables.
 """
@@ -24,6 +26,7 @@ import argparse
 import gzip
 import http.client
 import json
+import math
 import os
 import queue
 import re
@@ -136,11 +139,16 @@ def phase(port: int, sentences: list[str], clients: int, max_seconds: float) -> 
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    lat = sorted(latencies)
-    pct = (lambda p: lat[min(len(lat) - 1, int(round(p / 100 * (len(lat) - 1))))] * 1000) if lat else (lambda p: float("nan"))
-    return {"clients": clients, "done": len(answers), "wall_s": wall, "sent_s": len(answers) / wall,
-            "p50_ms": pct(50), "p99_ms": pct(99), "mean_ms": statistics.mean(lat) * 1000 if lat else float("nan"),
-            "errors": errors[:5], "n_errors": len(errors), "answers": answers}
+    return {"done": len(answers), "wall_s": wall, "sent_s": len(answers) / wall, "latencies": latencies,
+            "errors": errors, "answers": answers}
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The nearest-rank percentile (ms) of latencies in seconds."""
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, math.ceil(p / 100 * len(v)) - 1))] * 1000
 
 
 def mean_batch(lines: list[str]) -> float:
@@ -155,6 +163,7 @@ def main() -> None:
     ap.add_argument("--input", required=True, help="source sentences, one per line (.gz allowed)")
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=300, help="per phase: no new requests after this")
     ap.add_argument("--search-flags", default="", help="nmtkit serve search flags for both servers")
@@ -168,53 +177,58 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     base = [sys.executable, "-m", "nmtkit", "serve", a.data, "--path", a.ckpt, "--host", "127.0.0.1", "--port", "0",
             "--device", "cpu", "--threads", str(a.threads), *a.search_flags.split()]
-    rows = []
-
-    print(f"[bench] sequential: a server without batching, 1 client, {len(sentences)} sentences", flush=True)
-    srv = ServerProcess(base + ["--max-batch-sentences", "1", "--max-wait-ms", "0"], env)
-    warm_up(srv.port, sentences)
-    n0 = len(srv.lines)
-    seq = phase(srv.port, sentences, 1, a.max_seconds)
-    time.sleep(0.2)  # the last log lines
-    seq["mean_batch"] = mean_batch(srv.lines[n0:])
-    seq["exit"] = srv.stop()
-    seq["name"] = "sequential (no batching)"
-    rows.append(seq)
-    ref = seq["answers"]
-
-    srv = ServerProcess(base + a.batch_flags.split(), env)
-    for c in [int(x) for x in a.clients.split(",")]:
-        print(f"[bench] batching server, {c} client(s)", flush=True)
+    # Both servers stay up (idle when not measured); the phases of every run alternate between
+    # them, so that a change in the machine's load spreads over all rows.
+    seq_srv = ServerProcess(base + ["--max-batch-sentences", "1", "--max-wait-ms", "0"], env)
+    bat_srv = ServerProcess(base + a.batch_flags.split(), env)
+    plan = [("sequential (no batching)", seq_srv, 1)] + [
+        (f"{c} client{'s' if c > 1 else ''}", bat_srv, c) for c in (int(x) for x in a.clients.split(","))]
+    for _, srv, _ in plan[:2]:
         warm_up(srv.port, sentences)
-        n0 = len(srv.lines)
-        r = phase(srv.port, sentences, c, a.max_seconds)
-        time.sleep(0.2)  # the last log lines
-        r["mean_batch"] = mean_batch(srv.lines[n0:])
-        r["name"] = f"{c} client{'s' if c > 1 else ''}"
-        rows.append(r)
-    code = srv.stop()
-    for r in rows:
-        r["exit"] = r.get("exit", code)
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in plan}
+    for run in range(a.runs):
+        for name, srv, clients in plan:
+            n0 = len(srv.lines)
+            r = phase(srv.port, sentences, clients, a.max_seconds)
+            time.sleep(0.2)  # the last log lines
+            r["mean_batch"] = mean_batch(srv.lines[n0:])
+            results[name].append(r)
+            print(f"[bench] run {run + 1}/{a.runs} {name}: {r['done']} sentences, {r['sent_s']:.1f} sent/s, "
+                  f"mean batch {r['mean_batch']:.1f}", flush=True)
+    exits = [seq_srv.stop(), bat_srv.stop()]
 
+    ref = results[plan[0][0]][0]["answers"]  # each sentence searched alone
+    seq_rate = statistics.median(r["sent_s"] for r in results[plan[0][0]])
     print()
     print(f"nmtkit serve on loopback, {len(sentences)} sentences of {Path(a.input).name}, one sentence per "
-          f"request, {a.threads} torch threads, CPU; search flags: {a.search_flags or '(defaults)'}; "
-          f"batching flags: {a.batch_flags or '(defaults)'}")
-    print("| clients | sentences done | sent/s | x sequential | p50 ms | p99 ms | mean batch | answers = sequential |")
+          f"request, {a.threads} torch threads, CPU; search flags: {a.search_flags or '(defaults)'}; batching "
+          f"flags: {a.batch_flags or '(defaults)'}; median sent/s of {a.runs} run(s), latencies of all runs")
+    print("| clients | sent/s | x sequential | p50 ms | p99 ms | mean batch | answers = sequential | sent/s of each run |")
     print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        common = [i for i in r["answers"] if i in ref]
-        same = sum(r["answers"][i] == ref[i] for i in common)
-        r["same_as_sequential"] = f"{same}/{len(common)}"
-        print(f"| {r['name']} | {r['done']}/{len(sentences)} | {r['sent_s']:.1f} | {r['sent_s'] / seq['sent_s']:.2f} | "
-              f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['mean_batch']:.1f} | {same}/{len(common)} |")
-    for r in rows:
-        if r["n_errors"]:
-            print(f"[bench] {r['name']}: {r['n_errors']} failed requests, e.g. {r['errors'][0]}")
-    print(f"server exit statuses after SIGTERM: {sorted({r['exit'] for r in rows})}")
-    out = {"data": a.data, "ckpt": a.ckpt, "count": len(sentences), "threads": a.threads,
-           "search_flags": a.search_flags, "batch_flags": a.batch_flags,
-           "rows": [{k: v for k, v in r.items() if k != "answers"} for r in rows]}
+    rows = []
+    for name, _, clients in plan:
+        rs = results[name]
+        lat = [x for r in rs for x in r["latencies"]]
+        checked = [(r["answers"][i], ref[i]) for r in rs for i in r["answers"] if i in ref]
+        same = sum(x == y for x, y in checked)
+        row = {"name": name, "clients": clients, "sent_s": statistics.median(r["sent_s"] for r in rs),
+               "runs_sent_s": [r["sent_s"] for r in rs], "done": [r["done"] for r in rs],
+               "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+               "mean_batch": statistics.mean(r["mean_batch"] for r in rs), "same": f"{same}/{len(checked)}",
+               "errors": sum(len(r["errors"]) for r in rs)}
+        rows.append(row)
+        print(f"| {name} | {row['sent_s']:.1f} | {row['sent_s'] / seq_rate:.2f} | {row['p50_ms']:.0f} | "
+              f"{row['p99_ms']:.0f} | {row['mean_batch']:.1f} | {row['same']} | "
+              f"{', '.join(f'{x:.1f}' for x in row['runs_sent_s'])} |")
+    for name, rs in results.items():
+        errs = [e for r in rs for e in r["errors"]]
+        if errs:
+            print(f"[bench] {name}: {len(errs)} failed requests, e.g. {errs[0]}")
+        if any(r["done"] < len(sentences) for r in rs):
+            print(f"[bench] {name}: stopped by MAX_SECONDS: {[r['done'] for r in rs]} of {len(sentences)} done")
+    print(f"server exit statuses after SIGTERM: {exits}")
+    out = {"data": a.data, "ckpt": a.ckpt, "count": len(sentences), "runs": a.runs, "threads": a.threads,
+           "search_flags": a.search_flags, "batch_flags": a.batch_flags, "rows": rows, "exit_statuses": exits}
     (work / "results.json").write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print(f"results: {work / 'results.json'}")
 
