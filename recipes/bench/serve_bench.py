@@ -15,7 +15,10 @@ changes spread over all rows: the table has the median throughput of the runs, a
 percentiles (per request, from sending to the whole answer) over all runs. The answers of every
 phase are compared with the first sequential run's (each sentence searched alone: what `nmtkit
 generate` gives). The mean batch is the sentences searched together per request, from the
-server's log lines.
+server's log lines. "sent per server CPU-s" divides the sentences by the CPU time (user +
+system, /proc) the server process used during the phase: on a machine shared with other work,
+where the server's share of the cores changes from minute to minute, it shows what batching
+saves independently of that share.
 
 Called by recipes/bench/serve.sh, which documents the variables.
 """
@@ -74,6 +77,14 @@ class ServerProcess:
             sys.exit("[bench] the server did not start:\n" + "\n".join(self.lines))
         m = next(re.search(r"listening on http://127\.0\.0\.1:(\d+)", x) for x in self.lines if "listening on" in x)
         self.port = int(m.group(1))
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process used so far; NaN where /proc is absent."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -188,8 +199,9 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name, _, _ in plan}
     for run in range(a.runs):
         for name, srv, clients in plan:
-            n0 = len(srv.lines)
+            n0, cpu0 = len(srv.lines), srv.cpu_seconds()
             r = phase(srv.port, sentences, clients, a.max_seconds)
+            r["cpu_s"] = srv.cpu_seconds() - cpu0
             time.sleep(0.2)  # the last log lines
             r["mean_batch"] = mean_batch(srv.lines[n0:])
             results[name].append(r)
@@ -199,12 +211,14 @@ def main() -> None:
 
     ref = results[plan[0][0]][0]["answers"]  # each sentence searched alone
     seq_rate = statistics.median(r["sent_s"] for r in results[plan[0][0]])
+    seq_cpu = statistics.median(r["done"] / r["cpu_s"] for r in results[plan[0][0]])
     print()
     print(f"nmtkit serve on loopback, {len(sentences)} sentences of {Path(a.input).name}, one sentence per "
           f"request, {a.threads} torch threads, CPU; search flags: {a.search_flags or '(defaults)'}; batching "
           f"flags: {a.batch_flags or '(defaults)'}; median sent/s of {a.runs} run(s), latencies of all runs")
-    print("| clients | sent/s | x sequential | p50 ms | p99 ms | mean batch | answers = sequential | sent/s of each run |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| clients | sent/s | x sequential | p50 ms | p99 ms | mean batch | sent per server CPU-s | x sequential | "
+          "answers = sequential | sent/s of each run |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for name, _, clients in plan:
         rs = results[name]
@@ -215,10 +229,12 @@ def main() -> None:
                "runs_sent_s": [r["sent_s"] for r in rs], "done": [r["done"] for r in rs],
                "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
                "mean_batch": statistics.mean(r["mean_batch"] for r in rs), "same": f"{same}/{len(checked)}",
-               "errors": sum(len(r["errors"]) for r in rs)}
+               "errors": sum(len(r["errors"]) for r in rs),
+               "sent_per_cpu_s": statistics.median(r["done"] / r["cpu_s"] for r in rs)}
         rows.append(row)
         print(f"| {name} | {row['sent_s']:.1f} | {row['sent_s'] / seq_rate:.2f} | {row['p50_ms']:.0f} | "
-              f"{row['p99_ms']:.0f} | {row['mean_batch']:.1f} | {row['same']} | "
+              f"{row['p99_ms']:.0f} | {row['mean_batch']:.1f} | {row['sent_per_cpu_s']:.1f} | "
+              f"{row['sent_per_cpu_s'] / seq_cpu:.2f} | {row['same']} | "
               f"{', '.join(f'{x:.1f}' for x in row['runs_sent_s'])} |")
     for name, rs in results.items():
         errs = [e for r in rs for e in r["errors"]]
