@@ -118,6 +118,13 @@ def post(url: str, body, client=None, **kw):
     return c.post(f"{url}/translate", json=body, timeout=60, **kw)
 
 
+def wait_until(condition, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
 def send(url: str, body) -> http.client.HTTPConnection:
     """Send a /translate request and return at once (the answer: `.getresponse()`): the request is
     on its way before the test goes on, whatever the machine's load."""
@@ -149,7 +156,8 @@ def test_32_concurrent_clients_get_every_answer_complete_in_order_and_equal_to_g
         assert r.status_code == 200, r.text
         assert r.headers["content-type"] == "application/json"
         assert r.json() == {"translations": [want[s] for s in requests[i]]}
-    # one log line per request; requests did share batches
+    # one log line per request (written just after its answer); requests did share batches
+    wait_until(lambda: sum(" POST /translate " in x for x in logs[before:]) >= len(requests))
     lines_ = [x for x in logs[before:] if " POST /translate " in x]
     assert len(lines_) == len(requests)
     batch = [(int(re.search(r"sentences=(\d+)", x).group(1)), int(re.search(r"batch=(\d+)", x).group(1)))
@@ -253,10 +261,10 @@ def test_oversized_body_404_and_405(server):
 
 def test_full_queue_is_503_with_retry_after(setup, want):  # noqa: F811
     data, ckpt, _, _ = setup
-    with running(options(data, ckpt, max_wait_ms=3000, max_queue=4, max_request_sentences=4)) as (url, _, _):
+    with running(options(data, ckpt, max_wait_ms=3000, max_queue=4, max_request_sentences=4)) as (url, srv, _):
         first = POOL[:4]
         conn = send(url, {"text": first})  # waits up to 3 s for company, filling the queue
-        time.sleep(0.5)
+        wait_until(lambda: srv.state.batcher.queued_sentences == 4)
         r = post(url, {"text": [POOL[5]]})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert r.json() == {"error": "the queue is full (4 sentences waiting, at most 4)"}
@@ -302,17 +310,17 @@ def test_health_is_503_until_the_model_is_loaded_then_info_describes_it(setup): 
 
 def test_a_client_that_goes_away_is_dropped_without_harming_others(setup, want):  # noqa: F811
     data, ckpt, _, _ = setup
-    with running(options(data, ckpt, max_wait_ms=1500)) as (url, _, logs):
+    with running(options(data, ckpt, max_wait_ms=1500)) as (url, srv, logs):
         port = int(url.rsplit(":", 1)[1])
         gone = json.dumps({"text": POOL[10:13]}).encode()
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n%s" % (len(gone), gone))
-            time.sleep(0.3)  # it waits in the queue for company
-        time.sleep(0.2)
+            wait_until(lambda: srv.state.batcher.queued_sentences == 3)  # it waits for company
+        wait_until(lambda: srv.state.batcher.queued_sentences == 0)  # dropped as the client left
         r = post(url, {"text": POOL[20:22]})
         assert r.json() == {"translations": [want[s] for s in POOL[20:22]]}
-        time.sleep(0.2)
+        wait_until(lambda: sum(" POST /translate " in x for x in logs) == 2)  # logged after the answer
     mine = [x for x in logs if " POST /translate " in x]
     assert len(mine) == 2
     assert " 499 sentences=3 " in mine[0] and mine[0].endswith("client went away (dropped unstarted)")
@@ -368,25 +376,25 @@ def start_cli(data, ckpt, *flags) -> tuple[subprocess.Popen, str, list[str]]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_finishes_the_request_in_flight_stops_accepting_and_exits_0(setup, want, sig):  # noqa: F811
     data, ckpt, _, _ = setup
-    proc, url, err = start_cli(data, ckpt, "--max-wait-ms", "3000")
+    proc, url, err = start_cli(data, ckpt, "--max-wait-ms", "4000")
     try:
         t0 = time.monotonic()
-        conn = send(url, {"text": POOL[:5]})  # sent; it waits 3 s in the queue for company
-        time.sleep(0.8)
+        conn = send(url, {"text": POOL[:5]})  # sent; it waits 4 s in the queue for company
+        time.sleep(1.5)  # the server reads it meanwhile
         proc.send_signal(sig)
-        time.sleep(0.8)
+        time.sleep(1.0)
         with pytest.raises(httpx.TransportError):  # no new connections
             httpx.get(f"{url}/health", timeout=5)
         r = conn.getresponse()
-        assert time.monotonic() - t0 >= 2.9  # it was in flight all along
+        assert time.monotonic() - t0 >= 3.9  # it was in flight all along
         assert r.status == 200 and json.loads(r.read()) == {"translations": [want[s] for s in POOL[:5]]}
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    time.sleep(0.1)
+    wait_until(lambda: err and err[-1] == "nmtkit serve: stopped")  # stderr read to its end
     assert f"nmtkit serve: {sig.name}: not accepting connections; finishing the requests in flight" in "\n".join(err)
-    assert any(" POST /translate 200 sentences=5 batch=5 " in x for x in err) and err[-1] == "nmtkit serve: stopped"
+    assert any(" POST /translate 200 sentences=5 batch=5 " in x for x in err)
     assert proc.stdout.read() == ""
 
 
