@@ -161,17 +161,22 @@ def test_queue_full_then_cancel_frees_the_queue_and_the_cancelled_request_is_nev
     b.close()
 
 
-def test_a_failed_batch_fails_its_requests_only(translator):
+def test_a_request_that_fails_its_batch_fails_alone(translator):
     rec = Recording(translator, fail_on="Baum")
     b = Batcher(rec, max_batch_sentences=64, max_wait=0.0).start()
     first = busy(rec, b)
-    A, B = b.submit(["Haus"]), b.submit(["Baum"])
-    C = b.submit(["Haus"], {"beam": 2})
+    A, B, C = b.submit(["Haus"]), b.submit(["Baum", "Kind"]), b.submit(["die Straße"])
+    D = b.submit(["Baum"], {"beam": 2})
     rec.hold.set()
-    for j in (A, B):
+    for j in (B, D):
         with pytest.raises(RuntimeError, match="cannot translate 'Baum'"):
             j.future.result(30)
-    assert first.future.result(30) and same(C.future.result(30), [alone(translator, "Haus", beam=2)])
+    assert same(A.future.result(30), [alone(translator, "Haus")])
+    assert same(C.future.result(30), [alone(translator, "die Straße")])
+    assert first.future.result(30)
+    # the batch of A, B, C failed, then each was translated alone; D (other settings) alone
+    assert [c[0] for c in rec.calls] == [["Kind"], ["Haus", "Baum", "Kind", "die Straße"], ["Haus"],
+                                         ["Baum", "Kind"], ["die Straße"], ["Baum"]]
     b.close()
 
 
@@ -220,6 +225,10 @@ LIMITS = Limits(max_request_sentences=3, max_sentence_chars=10, max_beam=8)
     (b'{"text": ["a"], "nbest": 3, "beam": 2}', 400, '"nbest" 3 exceeds the beam 2'),
     (b'{"text": ["a"], "lenpen": NaN}', 400, "NaN is not a number JSON allows"),
     (b'{"text": ["a"], "lenpen": "0.6"}', 400, '"lenpen" must be a number, got "0.6"'),
+    (b'{"text": ["a"], "lenpen": 1e999}', 400, '"lenpen" must be a number, got Infinity'),
+    (b'{"text": ["a"], "lenpen": 1' + b"0" * 400 + b'}', 400, '"lenpen" must be a number, got 1000000000'),
+    (b'{"text": ["ok", "a\\ud800b"]}', 400, '"text"[1] holds a lone surrogate ("\\ud800"), not a Unicode character'),
+    (b'{"text": ' + b"[" * 100000 + b"]" * 100000 + b'}', 400, "the request body nests JSON too deeply"),
     (b'{"text": ["a"], "scores": 1}', 400, '"scores" must be true or false, got 1'),
     (b'{"text": ["a", "b", "c", "d"]}', 413, "4 sentences in one request; at most 3"),
     (b'{"text": ["a", "12345678901"]}', 413, '"text"[1] has 11 characters; at most 10'),

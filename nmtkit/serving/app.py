@@ -92,6 +92,8 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
         obj = json.loads(text, parse_constant=no_constant)
     except ValueError as e:
         raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise RequestError(400, "the request body nests JSON too deeply") from None
     if not isinstance(obj, dict):
         raise RequestError(400, 'the request body must be a JSON object such as {"text": ["a sentence"]}')
     unknown = sorted(set(obj) - set(FIELDS))
@@ -106,6 +108,11 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
     for i, s in enumerate(sentences):
         if not isinstance(s, str):
             raise RequestError(400, f'"text"[{i}] must be a string, got {json.dumps(s)[:40]}')
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON's "\ud800" escape alone: no character
+            raise RequestError(400, f'"text"[{i}] holds a lone surrogate ({json.dumps(s[e.start])}), '
+                                    "not a Unicode character") from None
     if len(sentences) > limits.max_request_sentences:
         raise RequestError(413, f"{len(sentences)} sentences in one request; at most {limits.max_request_sentences}")
     for i, s in enumerate(sentences):
@@ -128,8 +135,12 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
             raise RequestError(400, f'"nbest" {nbest} exceeds the {what} {beam}')
     if "lenpen" in obj:
         v = obj["lenpen"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise RequestError(400, f'"lenpen" must be a number, got {json.dumps(v)}')
+        try:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+        except OverflowError:  # an integer too large for a float
+            ok = False
+        if not ok:
+            raise RequestError(400, f'"lenpen" must be a number, got {json.dumps(v)[:40]}')
         settings["lenpen"] = float(v)
     scores = obj.get("scores", False)
     if not isinstance(scores, bool):

@@ -183,12 +183,17 @@ class Batcher:
         t0 = time.perf_counter()
         try:
             rows = self.translator.translate_nbest(sentences, **jobs[0].settings)
-        except BaseException as e:  # noqa: BLE001 - every waiting request learns of it
+        except Exception as e:  # noqa: BLE001 - reaches the request(s) at fault only
+            if len(jobs) > 1:  # one request's input must not fail the others: each alone
+                for j in jobs:
+                    self._run([j])
+            else:
+                jobs[0].future.set_exception(e)
+            return
+        except BaseException as e:
             for j in jobs:
                 j.future.set_exception(e)
-            if not isinstance(e, Exception):
-                raise
-            return
+            raise
         seconds = time.perf_counter() - t0
         i = 0
         for j in jobs:
