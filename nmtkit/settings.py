@@ -96,6 +96,19 @@ def group(cls: type, *, required: bool = False) -> Any:
     return dataclasses.field(default_factory=cls, metadata=meta)
 
 
+def same_setting(cls: type, name: str) -> Any:
+    """A new field with the default, flag and help of `cls`'s field `name`.
+
+    Why: one flag on several commands is still written once. `nmtkit serve` takes `nmtkit
+    generate`'s --path, --device, --precision, ... as they are: `device: str =
+    same_setting(GenerateOptions, "device")`.
+    """
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if SETTING not in f.metadata:
+        raise TypeError(f"{cls.__name__}.{name} has no flag")
+    return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=dict(f.metadata))
+
+
 @dataclass(frozen=True)
 class FlagField:
     """One flag of a (possibly nested) settings class, as the CLI needs it."""

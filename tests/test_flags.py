@@ -20,6 +20,7 @@ from nmtkit.generation.generator import GenerateOptions
 from nmtkit.generation.search import SearchConfig
 from nmtkit.models.registry import arch_field_specs
 from nmtkit.scoring.files import ScoreOptions
+from nmtkit.serving.options import ServeOptions
 from nmtkit.settings import (
     GROUP,
     SETTING,
@@ -31,7 +32,8 @@ from nmtkit.settings import (
 )
 from nmtkit.training.config import TrainConfig
 
-CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": PreprocessJob, "score": ScoreOptions}
+CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": PreprocessJob, "score": ScoreOptions,
+           "serve": ServeOptions}
 
 # Fields with no flag, set by library callers only (a new field must get a flag or be listed here).
 LIBRARY_ONLY = {
@@ -41,6 +43,7 @@ LIBRARY_ONLY = {
     PreprocessConfig: {"target_bpe", "extra_files", "extra_manifest"},
     PreprocessJob: set(),
     ScoreOptions: set(),
+    ServeOptions: set(),
 }
 
 # Every flag (with its aliases and off switch), its typer default (... = required) and help panel,
@@ -129,6 +132,37 @@ EXPECTED = {
         "--seed": (None, None),
         "--ema": (False, None),
         "--quiet -q": (False, None),
+    },
+    "serve": {  # generate's model and search flags (the same fields), and the server's own
+        "data_dir": (..., None),
+        "--path": (..., None),
+        "--beam": (4, None),
+        "--lenpen": (0.6, None),
+        "--lenpen-form": ('gnmt', None),
+        "--max-len-a": (1.0, None),
+        "--max-len-b": (None, None),
+        "--min-len": (0, None),
+        "--no-repeat-ngram-size": (0, None),
+        "--unk-penalty": (0.0, None),
+        "--nbest": (1, None),
+        "--early-stop": ('bound', None),
+        "--sampling": (False, None),
+        "--topk": (0, None),
+        "--topp": (0.0, None),
+        "--temperature": (1.0, None),
+        "--host": ('127.0.0.1', 'Server'),
+        "--port": (8000, 'Server'),
+        "--max-batch-sentences": (64, 'Batching'),
+        "--max-batch-tokens": (None, 'Batching'),
+        "--max-wait-ms": (5.0, 'Batching'),
+        "--max-queue": (1024, 'Batching'),
+        "--max-request-sentences": (128, 'Request limits'),
+        "--max-sentence-chars": (1000, 'Request limits'),
+        "--max-beam": (16, 'Request limits'),
+        "--device": ('auto', None),
+        "--precision": ('fp32', None),
+        "--threads": (0, None),
+        "--ema": (False, None),
     },
     "preprocess": {
         "--source-lang -s": (None, None),
@@ -278,6 +312,22 @@ def test_generate_options_from_flags(monkeypatch):
     assert opts.search.max_len_b == 7
 
 
+def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
+    import nmtkit.serving.options as S
+
+    gen = {f.name: f for f in dataclasses.fields(GenerateOptions)}
+    for f in dataclasses.fields(ServeOptions):
+        if f.name in gen:  # the same flag, help, default: one field written once
+            assert f.metadata == gen[f.name].metadata and f.default == gen[f.name].default, f.name
+    assert {"data_dir", "paths", "search", "device", "precision", "threads", "ema"} <= {
+        f.name for f in dataclasses.fields(ServeOptions) if f.name in gen}
+    monkeypatch.setattr(S, "default_max_len_b", lambda data_dir: 300 if data_dir == "parsing" else 50)
+    opts = cli_values_to_config(ServeOptions, _cli_defaults(ServeOptions, data_dir="d", paths=["a.pt"]))
+    assert opts == ServeOptions(data_dir="d", paths=["a.pt"])
+    opts = cli_values_to_config(ServeOptions, _cli_defaults(ServeOptions, data_dir="parsing", paths=["a"], beam=5))
+    assert opts.search == SearchConfig(beam=5, max_len_b=300)
+
+
 @pytest.mark.parametrize("bad,message", [
     ({"beam": 0}, "--beam must be >= 1, got 0"),
     ({"nbest": 5}, "--nbest 5 exceeds the --beam 4; raise --beam"),
@@ -330,7 +380,7 @@ def test_cli_modules_hold_no_defaults_and_no_long_functions():
     """Done criteria of the settings change: no typer.Option/Argument written by hand in the
     commands built from configs, and no function in nmtkit/cli/ over 60 lines."""
     cli = Path(__file__).resolve().parent.parent / "nmtkit" / "cli"
-    for name in ("train", "generate", "preprocess", "score"):
+    for name in ("train", "generate", "preprocess", "score", "serve"):
         src = (cli / f"{name}.py").read_text()
         assert "typer.Option(" not in src and "typer.Argument(" not in src, name
     for path in cli.glob("*.py"):

@@ -1,0 +1,310 @@
+"""The HTTP API of `nmtkit serve` (docs/serve.md): a Starlette app over a `Batcher`.
+
+    GET  /health     200 {"status": "ok"} once the model is loaded, 503 before
+    GET  /info       the model, languages, architecture, checkpoint sha256, defaults and limits
+    POST /translate  {"text": ["...", ...], "beam"?, "lenpen"?, "nbest"?, "scores"?}
+                     -> 200 {"translations": [...]} in the request's order
+
+Errors are `{"error": "one sentence"}`: 400 for a body that is not the JSON object described
+(or an impossible setting), 413 beyond a limit, 503 (with Retry-After) while loading or when the
+queue is full, 404/405 for other paths and methods, 500 for a bug (logged).
+
+Why Starlette without FastAPI's request models: the error statuses and bodies above are the API,
+and FastAPI's validation answers 422 with its own body; a hand-written check of one small JSON
+object is shorter than overriding it. `parse_request` is a plain function, tested without a
+server.
+
+Each request is logged in one line on stderr: time, method, path, status, sentences, the
+sentences searched in its batch, latency. A client that goes away while its request waits is
+noticed (the ASGI `http.disconnect` message): its request leaves the queue untranslated, and
+others are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from nmtkit.errors import UserError
+from nmtkit.serving.batcher import Batcher, Job, QueueFull
+
+RETRY_AFTER = "1"  # seconds: a full queue drains within about a batch's time
+FIELDS = ("text", "beam", "lenpen", "nbest", "scores")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask (the server's --max-* flags)."""
+
+    max_request_sentences: int = 128
+    max_sentence_chars: int = 1000
+    max_beam: int = 16
+
+    @property
+    def max_body_bytes(self) -> int:
+        """A body that cannot hold an acceptable request: every character JSON-escaped as
+        \\uXXXX\\uXXXX (12 bytes, a surrogate pair), plus quotes, commas and the settings."""
+        return self.max_request_sentences * (12 * self.max_sentence_chars + 4) + 4096
+
+
+class RequestError(Exception):
+    """An answer other than 200: HTTP status and one sentence for `{"error": ...}`."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+@dataclass
+class TranslateRequest:
+    sentences: list[str]
+    settings: dict  # search settings of this request only (SearchConfig names)
+    scores: bool = False
+
+
+def _int(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RequestError(400, f'"{name}" must be an integer, got {json.dumps(v)}')
+    return v
+
+
+def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateRequest:
+    """The request of a /translate body, or RequestError(400 / 413) saying what is wrong.
+
+    `defaults`: the server's SearchConfig, against which a request's beam and nbest are checked
+    (nbest at most the beam)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(400, f"the request body is not UTF-8 (byte {e.start})") from None
+
+    def no_constant(name: str):
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        obj = json.loads(text, parse_constant=no_constant)
+    except ValueError as e:
+        raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise RequestError(400, "the request body nests JSON too deeply") from None
+    if not isinstance(obj, dict):
+        raise RequestError(400, 'the request body must be a JSON object such as {"text": ["a sentence"]}')
+    unknown = sorted(set(obj) - set(FIELDS))
+    if unknown:
+        raise RequestError(400, f"unknown field {json.dumps(unknown[0])} (known: {', '.join(FIELDS)})")
+    if "text" not in obj:
+        raise RequestError(400, 'missing field "text": a list of sentences (strings)')
+    sentences = obj["text"]
+    if not isinstance(sentences, list):
+        got = "one string (wrap it in a list)" if isinstance(sentences, str) else json.dumps(sentences)[:40]
+        raise RequestError(400, f'"text" must be a list of strings, got {got}')
+    for i, s in enumerate(sentences):
+        if not isinstance(s, str):
+            raise RequestError(400, f'"text"[{i}] must be a string, got {json.dumps(s)[:40]}')
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON's "\ud800" escape alone: no character
+            raise RequestError(400, f'"text"[{i}] holds a lone surrogate ({json.dumps(s[e.start])}), '
+                                    "not a Unicode character") from None
+    if len(sentences) > limits.max_request_sentences:
+        raise RequestError(413, f"{len(sentences)} sentences in one request; at most {limits.max_request_sentences}")
+    for i, s in enumerate(sentences):
+        if len(s) > limits.max_sentence_chars:
+            raise RequestError(413, f'"text"[{i}] has {len(s)} characters; at most {limits.max_sentence_chars}')
+    settings: dict = {}
+    if "beam" in obj:
+        settings["beam"] = _int("beam", obj["beam"])
+        if settings["beam"] > limits.max_beam:
+            raise RequestError(413, f'"beam" {settings["beam"]} exceeds this server\'s limit of {limits.max_beam}')
+    if "nbest" in obj:
+        settings["nbest"] = _int("nbest", obj["nbest"])
+    for name in ("beam", "nbest"):
+        if settings.get(name, 1) < 1:
+            raise RequestError(400, f'"{name}" must be at least 1, got {settings[name]}')
+    if defaults is not None:
+        beam, nbest = settings.get("beam", defaults.beam), settings.get("nbest", defaults.nbest)
+        if nbest > beam:
+            what = "beam" if "beam" in settings else "server's beam"
+            raise RequestError(400, f'"nbest" {nbest} exceeds the {what} {beam}')
+    if "lenpen" in obj:
+        v = obj["lenpen"]
+        try:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+        except OverflowError:  # an integer too large for a float
+            ok = False
+        if not ok:
+            raise RequestError(400, f'"lenpen" must be a number, got {json.dumps(v)[:40]}')
+        settings["lenpen"] = float(v)
+    scores = obj.get("scores", False)
+    if not isinstance(scores, bool):
+        raise RequestError(400, f'"scores" must be true or false, got {json.dumps(scores)}')
+    return TranslateRequest(sentences, settings, scores)
+
+
+def response_body(rows: list, nbest: int, scores: bool) -> dict:
+    """`{"translations": [...]}` (and `"scores"`): one entry per sentence, a string, or with
+    nbest > 1 a list of up to nbest strings, best first."""
+    if nbest == 1:
+        out = {"translations": [row[0].text for row in rows]}
+        if scores:
+            out["scores"] = [row[0].score for row in rows]
+    else:
+        out = {"translations": [[t.text for t in row] for row in rows]}
+        if scores:
+            out["scores"] = [[t.score for t in row] for row in rows]
+    return out
+
+
+@dataclass
+class ServerState:
+    """What the handlers share: the batcher once the model is loaded, and `/info`'s answer."""
+
+    limits: Limits
+    batcher: Batcher | None = None
+    info: dict = field(default_factory=dict)
+    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher is not None
+
+
+def _error(status: int, message: str, headers: dict | None = None):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def _read_body(request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it exceeds `limit` bytes."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise RequestError(413, f"the request body has {size} bytes; at most {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, f"the request body exceeds {limit} bytes")
+    return bytes(body)
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the client goes away (after the body was read, ASGI servers answer
+    `receive()` with http.disconnect then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_app(state: ServerState, lifespan=None):
+    """The Starlette app of `state`."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def health(request):
+        if not state.ready:
+            return _error(503, "the model is still loading", {"Retry-After": RETRY_AFTER})
+        return JSONResponse({"status": "ok"})
+
+    async def info(request):
+        if not state.ready:
+            return _error(503, "the model is still loading", {"Retry-After": RETRY_AFTER})
+        return JSONResponse(state.info)
+
+    async def translate(request):
+        scope_state = request.scope.setdefault("nmtkit", {})
+        try:
+            if not state.ready:
+                raise RequestError(503, "the model is still loading", {"Retry-After": RETRY_AFTER})
+            body = await _read_body(request, state.limits.max_body_bytes)
+            req = parse_request(body, state.limits, state.batcher.translator.search)
+            scope_state["sentences"] = len(req.sentences)
+            batcher = state.batcher
+            try:
+                job = batcher.submit(req.sentences, req.settings)
+            except UserError as e:  # an impossible combination: nbest above beam, ...
+                raise RequestError(400, str(e)) from None
+            except QueueFull as e:
+                raise RequestError(503, str(e), {"Retry-After": RETRY_AFTER}) from None
+            rows = await _wait(request, batcher, job, scope_state)
+            if rows is None:
+                return JSONResponse({"error": "the client went away"}, status_code=499)
+            scope_state["batch"] = job.batch_sentences
+            return JSONResponse(response_body(rows, job.key.nbest, req.scores))
+        except RequestError as e:
+            return _error(e.status, e.message, e.headers)
+
+    async def http_error(request, exc):
+        msg = {404: f"no such path {request.url.path} (the API has /health, /info and /translate)",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+        return _error(exc.status_code, msg, getattr(exc, "headers", None))
+
+    async def server_error(request, exc):
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/info", info, methods=["GET"]),
+        Route("/translate", translate, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    return RequestLog(app, state.log)
+
+
+async def _wait(request, batcher: Batcher, job: Job, scope_state: dict):
+    """The job's rows, or None when the client went away first (the job is then dropped)."""
+    result = asyncio.wrap_future(job.future)
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        done, _ = await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if result in done:
+        return result.result()
+    scope_state["gone"] = "dropped unstarted" if batcher.cancel(job) else "result discarded"
+    result.cancel()
+    return None
+
+
+class RequestLog:
+    """ASGI middleware: one stderr line per HTTP request (time, request, status, sentences,
+    batch, latency)."""
+
+    def __init__(self, app, log: Callable[[str], None]):
+        self.app, self.log = app, log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = [0]
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            ms = (time.perf_counter() - t0) * 1000
+            s = scope.get("nmtkit", {})
+            parts = [datetime.now().isoformat(sep=" ", timespec="milliseconds"), scope["method"], scope["path"],
+                     str(status[0] or 500)]
+            if "sentences" in s:
+                parts.append(f"sentences={s['sentences']}")
+            if "batch" in s:
+                parts.append(f"batch={s['batch']}")
+            parts.append(f"latency_ms={ms:.1f}")
+            if "gone" in s:
+                parts.append(f"client went away ({s['gone']})")
+            self.log(" ".join(parts))

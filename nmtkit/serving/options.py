@@ -1,0 +1,81 @@
+"""`ServeOptions`: every flag of `nmtkit serve` (docs/serve.md).
+
+The model flags (DATA_DIR, --path, --device, --precision, --threads, --ema) and the search flags
+(SearchConfig's: --beam, --lenpen, ..., the server's defaults for every request) are `nmtkit
+generate`'s own fields, taken with `same_setting` / `group`, so the two commands cannot drift.
+The rest are the server's: where it listens, how it batches, and what a request may ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nmtkit.errors import UserError
+from nmtkit.generation.generator import GenerateOptions, default_max_len_b
+from nmtkit.generation.search import SearchConfig
+from nmtkit.models.loading import PRECISIONS
+from nmtkit.settings import construct, group, same_setting, setting
+
+SERVER = "Server"
+BATCHING = "Batching"
+LIMITS = "Request limits"
+
+
+@dataclass
+class ServeOptions:
+    """What `nmtkit serve` needs; each `setting` field is one flag."""
+
+    data_dir: str = same_setting(GenerateOptions, "data_dir")
+    paths: list[str] = same_setting(GenerateOptions, "paths")
+    search: SearchConfig = group(SearchConfig)
+    host: str = setting("127.0.0.1", flag="--host", panel=SERVER, help="Address to listen on (0.0.0.0: every interface).")
+    port: int = setting(8000, flag="--port", panel=SERVER, help="TCP port (0: any free port; the log says which).")
+    max_batch_sentences: int = setting(64, flag="--max-batch-sentences", panel=BATCHING, help="Sentences searched together at most (from one or several requests).")
+    max_batch_tokens: int | None = setting(None, flag="--max-batch-tokens", panel=BATCHING, help="Padded source tokens per search batch at most (default: no limit).")
+    max_wait_ms: float = setting(5.0, flag="--max-wait-ms", panel=BATCHING, help="How long the first waiting request waits for others to share its batch (ms).")
+    max_queue: int = setting(1024, flag="--max-queue", panel=BATCHING, help="Sentences waiting at most; beyond, requests get 503 with Retry-After.")
+    max_request_sentences: int = setting(128, flag="--max-request-sentences", panel=LIMITS, help="Sentences per request at most (413 beyond).")
+    max_sentence_chars: int = setting(1000, flag="--max-sentence-chars", panel=LIMITS, help="Characters per sentence at most (413 beyond).")
+    max_beam: int = setting(16, flag="--max-beam", panel=LIMITS, help="Largest beam a request may ask for (413 beyond).")
+    device: str = same_setting(GenerateOptions, "device")
+    precision: str = same_setting(GenerateOptions, "precision")
+    threads: int = same_setting(GenerateOptions, "threads")
+    ema: bool = same_setting(GenerateOptions, "ema")
+
+    @classmethod
+    def from_flags(cls, values: dict) -> "ServeOptions":
+        """As `GenerateOptions.from_flags`: a --max-len-b not given depends on the data directory
+        (50, or 300 for a parsing data directory)."""
+        search = dict(values["search"])
+        if search["max_len_b"] is None:
+            search["max_len_b"] = default_max_len_b(values["data_dir"])
+        return construct(cls, {**values, "search": search})
+
+    def validate(self) -> None:
+        """UserError naming the flag for every impossible setting (the search's own are
+        SearchConfig's, checked when it is made)."""
+        s = self.search
+        if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
+            raise UserError("--topk, --topp and --temperature apply only with --sampling")
+        if not self.paths:
+            raise UserError("--path is required (give it several times for an ensemble)")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.threads < 0:
+            raise UserError(f"--threads must be >= 0 (0 = torch's default), got {self.threads}")
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"--port must be in 0..65535, got {self.port}")
+        for flag, v in (("--max-batch-sentences", self.max_batch_sentences), ("--max-queue", self.max_queue),
+                        ("--max-request-sentences", self.max_request_sentences),
+                        ("--max-sentence-chars", self.max_sentence_chars), ("--max-beam", self.max_beam)):
+            if v < 1:
+                raise UserError(f"{flag} must be >= 1, got {v}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise UserError(f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
+        if not 0 <= self.max_wait_ms <= 60_000:
+            raise UserError(f"--max-wait-ms must be in 0..60000, got {self.max_wait_ms}")
+        if self.max_request_sentences > self.max_queue:
+            raise UserError(f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue "
+                            f"{self.max_queue}: such a request could never be queued")
+        if s.beam > self.max_beam:
+            raise UserError(f"--beam {s.beam} exceeds --max-beam {self.max_beam}")
