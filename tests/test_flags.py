@@ -400,7 +400,8 @@ def test_help_runs_and_lists_the_panels(run_cli):
 
 # the required arguments of each command (the files need not exist: flags are checked first)
 _REQUIRED = {"train": ("d", "--save-dir", "s"), "generate": ("d", "--path", "a.pt"),
-             "preprocess": ("--destdir", "o", "-s", "de", "-t", "en", "--trainpref", "t"), "score": ("--ref", "r")}
+             "preprocess": ("--destdir", "o", "-s", "de", "-t", "en", "--trainpref", "t"), "score": ("--ref", "r"),
+             "serve": ("d", "--path", "a.pt")}
 
 
 def _float_flags() -> list[tuple[str, str]]:
