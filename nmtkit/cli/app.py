@@ -31,6 +31,7 @@ COMMANDS = {
     "train": "nmtkit.cli.train",
     "average-checkpoints": "nmtkit.cli.average_checkpoints",
     "generate": "nmtkit.cli.generate",
+    "export": "nmtkit.cli.export",
     "plot": "nmtkit.cli.plot",
     "score": "nmtkit.cli.score",
 }
