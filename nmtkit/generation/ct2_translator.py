@@ -22,18 +22,22 @@ How nmtkit's search settings map onto CTranslate2 (docs/export.md has the table)
   CTranslate2 from its early exit, which fairseq's rule does not have.
 - the output limit `floor(a * src_len + b)` is per sentence in nmtkit and per call in
   CTranslate2, so a batch is split into runs of sentences with the same limit (sorting by length
-  makes these runs long; with `--max-len-a 0` a batch stays whole). `max_decoding_length` is the
-  limit + 1 (the `</s>` step). At the limit nmtkit forces `</s>` while CTranslate2 keeps the best
-  candidates without it: such a hypothesis is cut to the limit, closed by `</s>` and rescored
-  exactly (`score_batch`), so every output obeys the limit and every score is nmtkit's; only the
-  choice among limit-length hypotheses can differ.
+  makes these runs long; with `--max-len-a 0` a batch stays whole). At the limit nmtkit allows
+  only `</s>`; CTranslate2 (`max_decoding_length` = the limit) stops its best candidates there
+  without it: those hypotheses are closed by `</s>` and rescored exactly (`score_batch`), which
+  gives nmtkit's forced-`</s>` hypotheses and scores. The choice among hypotheses can still
+  differ for a sentence whose search reaches its limit, since CTranslate2 ranks its last-step
+  candidates before their `</s>` is scored and keeps `beam` of them (docs/export.md: about 3% of
+  sentences under a limit of half the source length, none under the usual limits).
 - `<pad>` and `<s>` are never generated (`suppress_sequences`), `--min-len` bans `</s>`, and
   `--no-repeat-ngram-size` bans repeats, as in nmtkit; CTranslate2 bans before its softmax, so the
   remaining tokens' probabilities are renormalized (a difference of log(1 - P(banned)), about
   1e-7 on a trained model for `<pad>` / `<s>`).
 - greedy search and sampling (`--sampling --topk --topp --temperature`, `--beam` samples, scores
-  without the temperature) map one to one; `--seed` seeds CTranslate2's generator per call, as
-  nmtkit seeds its own per batch.
+  without the temperature) map one to one. `--seed` (`seed`) is CTranslate2's global seed, set
+  when the translator is loaded; CTranslate2 seeds each of its worker threads' generators once,
+  at their first sample, so the same seed reproduces a run of a freshly loaded translator (as
+  `nmtkit generate` is), not each call as nmtkit's own sampling does.
 - refused, in one line naming the flag: `--lenpen-form gnmt` (unless `--lenpen 0`), `--early-stop
   bound|none` with a beam, `--unk-penalty`, `--ema` (chosen at export time), ensembles.
 
@@ -168,6 +172,8 @@ class CTranslate2Translator(Translator):
         ctype = compute_type(precision, info["runtime"].get("quantization", "float32"))
         cfg = apply_search_settings(search if search is not None else export_search(info), search_settings)
         check_supported(cfg)
+        if cfg.seed is not None:  # before the worker threads exist: each seeds itself from it once
+            ct2.set_random_seed(cfg.seed)
         manifest = info["data"]
         src_dict, tgt_dict = load_dictionaries(path, manifest)
         tgt_subword = load_subword_model(path, manifest["target_lang"], manifest)
@@ -204,7 +210,7 @@ class CTranslate2Translator(Translator):
         """translate_batch's keyword arguments for `cfg` and a run of sentences with output `limit`."""
         t = self.tgt_dict
         alpha = cfg.lenpen if cfg.lenpen_form == "fairseq" else 0.0  # gnmt only with lenpen 0 (checked)
-        opts = dict(max_input_length=0, max_decoding_length=limit + 1, min_decoding_length=min(cfg.min_len, limit),
+        opts = dict(max_input_length=0, max_decoding_length=limit, min_decoding_length=min(cfg.min_len, limit),
                     return_scores=True, return_end_token=True, no_repeat_ngram_size=cfg.no_repeat_ngram_size)
         if suppress:
             opts["suppress_sequences"] = [[t[t.pad]]] + ([[t[t.bos]]] if t.bos != t.eos else [])
@@ -215,8 +221,8 @@ class CTranslate2Translator(Translator):
         elif cfg.beam == 1:
             opts.update(beam_size=1, num_hypotheses=1, length_penalty=alpha, sampling_topk=1)
         else:
-            # every finished hypothesis comes back (not only nbest): the ones cut at the limit are
-            # rescored below and may then rank lower than one that ended by itself
+            # every finished hypothesis comes back (not only nbest): the ones stopped at the limit
+            # are closed by </s> and rescored below, and may then rank lower
             opts.update(beam_size=cfg.beam, num_hypotheses=cfg.beam, length_penalty=alpha or NO_PENALTY,
                         patience=1.0, sampling_topk=1)
         return opts
@@ -243,6 +249,10 @@ class CTranslate2Translator(Translator):
     def _search(self, run: list[Item], cfg: SearchConfig, limit: int) -> list[list[Hypothesis]]:
         """nmtkit's hypotheses for a run of items with output limit `limit`, best first."""
         source = [self.src_dict.string(it.ids) for it in run]
+        if limit == 0:  # only </s> is allowed: the empty hypothesis, scored (CTranslate2 needs a step)
+            hyps = [Hypothesis(tokens=[], score=0.0, logprob=0.0) for _ in run]
+            self._rescore([(h, src, []) for h, src in zip(hyps, source)], cfg)
+            return [[h] * (cfg.beam if cfg.sampling else 1) for h in hyps]
         out = self._translate(source, cfg, limit, suppress=False)
         t = self.tgt_dict
         banned = {t[t.pad], t[t.bos]} - {t[t.eos]}
@@ -261,37 +271,32 @@ class CTranslate2Translator(Translator):
             hyps, todo = [], []
             for tokens, score in zip(res.hypotheses, res.scores):
                 ended = bool(tokens) and tokens[-1] == eos
-                body = tokens[:-1] if ended else tokens[:limit]  # cut at the limit: closed by </s>, rescored
+                body = tokens[:-1] if ended else tokens  # not ended: `limit` tokens, closed by </s> below
                 ids = [self._tgt_ids[tok] for tok in body]
                 lp = length_penalty(float(len(ids) + 1), cfg.lenpen, cfg.lenpen_form)
                 h = Hypothesis(tokens=ids, score=float(score), logprob=float(score) * lp)
                 hyps.append(h)
                 if rescore or not ended:
-                    todo.append((h, body, lp))
-            if todo:
-                scored = self.runtime.score_batch([src] * len(todo), [body for _, body, _ in todo], max_input_length=0)
-                for (h, _, lp), sr in zip(todo, scored):
-                    h.positional_scores = [float(x) for x in sr.log_probs]
-                    h.logprob = float(sum(h.positional_scores))
-                    h.score = h.logprob / lp
+                    todo.append((h, src, body))
+            self._rescore(todo, cfg)
             if cfg.sampling and cfg.topk == 1:
-                hyps = hyps * cfg.beam
+                hyps = hyps * cfg.beam  # top-1 samples are all the greedy output
             hyps.sort(key=lambda h: h.score, reverse=True)
-            unique, seen = [], set()
-            for h in hyps:  # hypotheses cut at the limit may coincide; sampling repeats are kept
-                key = tuple(h.tokens)
-                if key in seen and not cfg.sampling:
-                    continue
-                seen.add(key)
-                unique.append(h)
-            results.append(unique[: cfg.nbest])
+            results.append(hyps[: cfg.nbest])
         return results
 
-    def _translate(self, source: list[list[str]], cfg: SearchConfig, limit: int, suppress: bool) -> list:
-        import ctranslate2
+    def _rescore(self, todo: list[tuple[Hypothesis, list[str], list[str]]], cfg: SearchConfig) -> None:
+        """Exact log-probabilities of (hypothesis, source tokens, target tokens) by forced decoding of
+        `target + </s>`: per-token scores, their sum and the length-penalised score, set in place."""
+        if not todo:
+            return
+        scored = self.runtime.score_batch([src for _, src, _ in todo], [body for _, _, body in todo], max_input_length=0)
+        for (h, _, body), sr in zip(todo, scored):
+            h.positional_scores = [float(x) for x in sr.log_probs]
+            h.logprob = float(sum(h.positional_scores))
+            h.score = h.logprob / length_penalty(float(len(body) + 1), cfg.lenpen, cfg.lenpen_form)
 
-        if cfg.sampling and cfg.seed is not None:
-            ctranslate2.set_random_seed(cfg.seed)
+    def _translate(self, source: list[list[str]], cfg: SearchConfig, limit: int, suppress: bool) -> list:
         try:
             return self.runtime.translate_batch(source, **self._options(cfg, limit, suppress))
         except (ValueError, RuntimeError) as e:  # e.g. --topk over the vocabulary size
