@@ -29,10 +29,12 @@ How nmtkit's search settings map onto CTranslate2 (docs/export.md has the table)
   differ for a sentence whose search reaches its limit, since CTranslate2 ranks its last-step
   candidates before their `</s>` is scored and keeps `beam` of them (docs/export.md: about 3% of
   sentences under a limit of half the source length, none under the usual limits).
-- `<pad>` and `<s>` are never generated (`suppress_sequences`), `--min-len` bans `</s>`, and
-  `--no-repeat-ngram-size` bans repeats, as in nmtkit; CTranslate2 bans before its softmax, so the
-  remaining tokens' probabilities are renormalized (a difference of log(1 - P(banned)), about
-  1e-7 on a trained model for `<pad>` / `<s>`).
+- nmtkit bans `<pad>` and `<s>` after its softmax. CTranslate2 is run without bans, so its
+  log-probabilities are nmtkit's; a sentence whose hypotheses hold `<pad>` or `<s>` (an
+  undertrained model: label smoothing gives them eps / V) is searched again with them suppressed
+  (`suppress_sequences`), which renormalizes over the other tokens, so its hypotheses are
+  rescored. `--min-len` and `--no-repeat-ngram-size` are CTranslate2's own bans, also before its
+  softmax: their scores (rarely their choices) differ from native by that renormalization.
 - greedy search and sampling (`--sampling --topk --topp --temperature`, `--beam` samples, scores
   without the temperature) map one to one. `--seed` (`seed`) is CTranslate2's global seed, set
   when the translator is loaded; CTranslate2 seeds each of its worker threads' generators once,
