@@ -171,16 +171,14 @@ def count_words(lines: Iterable[str], counts: Counter | None = None) -> Counter:
     return counts
 
 
-def load_subword_model(data_dir: str | os.PathLike, lang: str, manifest: dict | None = None) -> SubwordModel:
+def load_subword_model(data_dir: str | os.PathLike, lang: str) -> SubwordModel:
     """The subword model that `nmtkit preprocess` applied to language `lang` in `data_dir`.
 
     Generation uses it to segment raw input (`encode`) and detokenize output (`decode`).
-    `manifest`: the directory's manifest when the caller has it (an export directory keeps the
-    data directory's entries in its nmtkit.json instead of a manifest.json).
     """
     from nmtkit.data.manifest import load_manifest, subword_model_path
 
-    manifest = load_manifest(data_dir) if manifest is None else manifest
+    manifest = load_manifest(data_dir)
     sub = manifest["subword"]
     # "kinds" (per language) exists since a side may have no subword model (parsing's trees);
     # older data directories have one kind for both sides.

@@ -17,8 +17,8 @@ architecture (`arch`, `arch_config`), the languages and task, the source checkpo
 given, sha256, update, whether its EMA weights were taken, the files it was averaged from), and
 `data`: the data directory manifest's entries for the copied files (`source_lang`, `target_lang`,
 `task`, `parsing`, `subword`, `dictionaries`, `files` with sha256), in the manifest's own schema,
-so that the data directory's readers (`load_dictionaries`, `load_subword_model`, the parsing
-tree writer) read the export directory through the same code.
+so that the data directory's readers (`load_dictionaries`, `subword_model_path` and
+`load_model_file`, the parsing tree writer) read the export directory through the same code.
 """
 
 from __future__ import annotations

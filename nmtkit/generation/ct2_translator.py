@@ -122,6 +122,17 @@ def compute_type(precision: str, quantization: str) -> str:
     return f"int8_{half}" if quantization.startswith("int8") else half
 
 
+def subword_model(export_dir: str | os.PathLike, data: dict, lang: str):
+    """Language `lang`'s subword model in an export directory: the data directory's file, read by
+    `nmtkit.data.subwords` as `load_subword_model` reads it there (`data` is nmtkit.json's copy of
+    the manifest entries; `load_export` has checked the file's sha256)."""
+    from nmtkit.data.manifest import subword_model_path
+    from nmtkit.data.subwords import load_model_file
+
+    kind = data["subword"].get("kinds", {}).get(lang, data["subword"]["kind"])
+    return load_model_file(kind, subword_model_path(export_dir, lang, data))
+
+
 def limit_of(n_src: int, cfg: SearchConfig) -> int:
     """nmtkit's per-sentence output limit (generation.search.max_lengths) for `n_src` source tokens."""
     lim = max(math.floor(cfg.max_len_a * float(n_src) + cfg.max_len_b), 0)
@@ -157,7 +168,6 @@ class CTranslate2Translator(Translator):
         """Load export directory `path` (the arguments are `Translator.load`'s; `threads` are
         CTranslate2's intra-op threads, 0 = its default)."""
         from nmtkit.data.manifest import load_dictionaries
-        from nmtkit.data.subwords import load_subword_model
         from nmtkit.export.ctranslate2 import import_ctranslate2
         from nmtkit.export.directory import load_export
 
@@ -178,7 +188,7 @@ class CTranslate2Translator(Translator):
             ct2.set_random_seed(cfg.seed)
         manifest = info["data"]
         src_dict, tgt_dict = load_dictionaries(path, manifest)
-        tgt_subword = load_subword_model(path, manifest["target_lang"], manifest)
+        tgt_subword = subword_model(path, manifest, manifest["target_lang"])
         try:
             runtime = ct2.Translator(str(path), device=dev, device_index=index, compute_type=ctype,
                                      intra_threads=threads)
@@ -189,6 +199,13 @@ class CTranslate2Translator(Translator):
         return cls(runtime, export_dir=path, info=info, src_dict=src_dict, tgt_dict=tgt_dict,
                    tgt_subword=tgt_subword, device=f"{dev}:{index}" if dev == "cuda" else dev, compute_type=ctype,
                    search=cfg, max_tokens=max_tokens, batch_size=batch_size, warn=warn or warn_stderr)
+
+    @property
+    def src_subword(self):
+        """The export's copy of the source subword model (loaded on first use)."""
+        if self._src_subword is None:
+            self._src_subword = subword_model(self.data_dir, self.manifest, self.src_lang)
+        return self._src_subword
 
     # -- the model's limits and the search settings
 

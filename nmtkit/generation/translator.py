@@ -348,7 +348,7 @@ class Translator:
         if self._src_subword is None:
             from nmtkit.data.subwords import load_subword_model
 
-            self._src_subword = load_subword_model(self.data_dir, self.src_lang, self.manifest)
+            self._src_subword = load_subword_model(self.data_dir, self.src_lang)
         return self._src_subword
 
     @property

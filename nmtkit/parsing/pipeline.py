@@ -273,7 +273,7 @@ def tree_writer(data_dir: str | os.PathLike, manifest: dict, split: str | None, 
         if subword is None:
             from nmtkit.data.subwords import load_subword_model
 
-            subword = load_subword_model(data_dir, src_lang, manifest)
+            subword = load_subword_model(data_dir, src_lang)
         return subword.decode(src_dict.string(item.ids))
 
     return lambda item, pieces: tree_line(pieces, words_of(item), pos)
