@@ -16,6 +16,7 @@ from nmtkit.cli.app import app
 from nmtkit.data.preprocess import PreprocessConfig
 from nmtkit.data.preprocess_job import PreprocessJob
 from nmtkit.errors import UserError
+from nmtkit.export.exporter import ExportOptions
 from nmtkit.generation.generator import GenerateOptions
 from nmtkit.generation.search import SearchConfig
 from nmtkit.models.registry import arch_field_specs
@@ -33,7 +34,7 @@ from nmtkit.settings import (
 from nmtkit.training.config import TrainConfig
 
 CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": PreprocessJob, "score": ScoreOptions,
-           "serve": ServeOptions}
+           "serve": ServeOptions, "export": ExportOptions}
 
 # Fields with no flag, set by library callers only (a new field must get a flag or be listed here).
 LIBRARY_ONLY = {
@@ -44,6 +45,7 @@ LIBRARY_ONLY = {
     PreprocessJob: set(),
     ScoreOptions: set(),
     ServeOptions: set(),
+    ExportOptions: set(),
 }
 
 # Every flag (with its aliases and off switch), its typer default (... = required) and help panel,
@@ -102,7 +104,7 @@ EXPECTED = {
         "--reset-meters": (False, 'Fine-tuning and continued training'),
     },
     "generate": {
-        "data_dir": (..., None),
+        "data_dir": (None, None),  # optional since --path may be an export directory (docs/export.md)
         "--path": (..., None),
         "--gen-subset": (None, None),
         "--input -i": (None, None),
@@ -118,7 +120,7 @@ EXPECTED = {
         "--min-len": (0, None),
         "--no-repeat-ngram-size": (0, None),
         "--unk-penalty": (0.0, None),
-        "--early-stop": ('bound', None),
+        "--early-stop": (None, None),  # not given: bound, or beam on an export directory
         "--sampling": (False, None),
         "--topk": (0, None),
         "--topp": (0.0, None),
@@ -134,7 +136,7 @@ EXPECTED = {
         "--quiet -q": (False, None),
     },
     "serve": {  # generate's model and search flags (the same fields), and the server's own
-        "data_dir": (..., None),
+        "data_dir": (None, None),  # optional: --path may be an export directory
         "--path": (..., None),
         "--beam": (4, None),
         "--lenpen": (0.6, None),
@@ -145,7 +147,7 @@ EXPECTED = {
         "--no-repeat-ngram-size": (0, None),
         "--unk-penalty": (0.0, None),
         "--nbest": (1, None),
-        "--early-stop": ('bound', None),
+        "--early-stop": (None, None),  # not given: bound, or beam on an export directory
         "--sampling": (False, None),
         "--topk": (0, None),
         "--topp": (0.0, None),
@@ -195,6 +197,15 @@ EXPECTED = {
         "--split": (None, 'Parsing'),
         "--pos-tags": (None, 'Parsing'),
         "--extra-train": (None, 'Parsing'),
+    },
+    "export": {
+        "data_dir": (..., None),
+        "--path": (..., None),
+        "--output -o": (..., None),
+        "--format": ('ctranslate2', None),
+        "--quantization": ('float32', None),
+        "--ema": (False, None),
+        "--force": (False, None),
     },
     "score": {
         "--ref -r": (..., None),
@@ -313,7 +324,7 @@ def test_generate_options_from_flags(monkeypatch):
 
 
 def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
-    import nmtkit.serving.options as S
+    import nmtkit.generation.generator as G
 
     gen = {f.name: f for f in dataclasses.fields(GenerateOptions)}
     for f in dataclasses.fields(ServeOptions):
@@ -321,7 +332,7 @@ def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
             assert f.metadata == gen[f.name].metadata and f.default == gen[f.name].default, f.name
     assert {"data_dir", "paths", "search", "device", "precision", "threads", "ema"} <= {
         f.name for f in dataclasses.fields(ServeOptions) if f.name in gen}
-    monkeypatch.setattr(S, "default_max_len_b", lambda data_dir: 300 if data_dir == "parsing" else 50)
+    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 300 if data_dir == "parsing" else 50)
     opts = cli_values_to_config(ServeOptions, _cli_defaults(ServeOptions, data_dir="d", paths=["a.pt"]))
     assert opts == ServeOptions(data_dir="d", paths=["a.pt"])
     opts = cli_values_to_config(ServeOptions, _cli_defaults(ServeOptions, data_dir="parsing", paths=["a"], beam=5))
@@ -380,7 +391,7 @@ def test_cli_modules_hold_no_defaults_and_no_long_functions():
     """Done criteria of the settings change: no typer.Option/Argument written by hand in the
     commands built from configs, and no function in nmtkit/cli/ over 60 lines."""
     cli = Path(__file__).resolve().parent.parent / "nmtkit" / "cli"
-    for name in ("train", "generate", "preprocess", "score", "serve"):
+    for name in ("train", "generate", "preprocess", "score", "serve", "export"):
         src = (cli / f"{name}.py").read_text()
         assert "typer.Option(" not in src and "typer.Argument(" not in src, name
     for path in cli.glob("*.py"):

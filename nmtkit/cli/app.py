@@ -32,6 +32,7 @@ COMMANDS = {
     "train": "nmtkit.cli.train",
     "average-checkpoints": "nmtkit.cli.average_checkpoints",
     "generate": "nmtkit.cli.generate",
+    "export": "nmtkit.cli.export",
     "serve": "nmtkit.cli.serve",
     "plot": "nmtkit.cli.plot",
     "score": "nmtkit.cli.score",

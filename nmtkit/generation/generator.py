@@ -56,8 +56,9 @@ class GenerateOptions:
     """Everything `nmtkit generate` needs; each field with `setting(...)` is one of its flags,
     with its default and help text (docs/generate.md); `search` contributes SearchConfig's."""
 
-    data_dir: str = setting(flag="data_dir", argument=True, help="Preprocessed data directory (dictionaries, subword model, splits).")
-    paths: list[str] = setting(flag="--path", parse=list, help="Checkpoint; give it several times for an ensemble.")
+    paths: list[str] = setting(flag="--path", parse=list, help="Checkpoint; give it several times for an ensemble. Or a directory made by nmtkit export (run by CTranslate2).")
+    # None: --path is an export directory (nmtkit export), which carries its own dictionaries and subword models
+    data_dir: str | None = setting(None, flag="data_dir", argument=True, show_default=False, help="Preprocessed data directory (dictionaries, subword model, splits); not needed when --path is an export directory.")
     # default "test" when no --input
     gen_subset: str | None = setting(None, flag="--gen-subset", help="Binarized split to translate [default: test].")
     # raw text file, or "-" for stdin
@@ -80,12 +81,8 @@ class GenerateOptions:
 
     @classmethod
     def from_flags(cls, values: dict) -> "GenerateOptions":
-        """The options from `nmtkit generate`'s flags: a --max-len-b not given depends on the
-        data directory (50, or 300 for a parsing data directory: `default_max_len_b`)."""
-        search = dict(values["search"])
-        if search["max_len_b"] is None:
-            search["max_len_b"] = default_max_len_b(values["data_dir"])
-        return construct(cls, {**values, "search": search})
+        """The options from `nmtkit generate`'s flags (`search_flag_defaults`)."""
+        return construct(cls, {**values, "search": search_flag_defaults(values)})
 
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting (the search's own are
@@ -93,8 +90,9 @@ class GenerateOptions:
         s = self.search
         if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
             raise UserError("--topk, --topp and --temperature apply only with --sampling")
-        if not self.paths:
-            raise UserError("--path is required (give it several times for an ensemble)")
+        export = check_model_paths(self.paths, self.data_dir, self.ema)
+        if export is not None:
+            self._validate_export(export)
         if self.format not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.precision not in PRECISIONS:
@@ -108,6 +106,66 @@ class GenerateOptions:
             raise UserError(f"--buffer-size must be >= 1, got {self.buffer_size}")
         if self.threads < 0:
             raise UserError(f"--threads must be >= 0 (0 = torch's default), got {self.threads}")
+
+
+    def _validate_export(self, export: str) -> None:
+        """What an export directory (the CTranslate2 runtime) cannot do for generate, refused naming
+        the flag (the rest is `check_model_paths`)."""
+        if self.input is None:
+            what = f"--gen-subset {self.gen_subset}" if self.gen_subset else "a binarized split"
+            raise UserError(f"--path {export} is an export directory, which translates raw text: give --input FILE "
+                            f"(or - for stdin); {what} needs the checkpoint and its data directory")
+
+
+def search_flag_defaults(values: dict) -> dict:
+    """The search flags with the defaults that depend on the model: a --max-len-b not given depends
+    on the data directory (50, or 300 for a parsing data directory: `default_max_len_b`), and an
+    --early-stop not given is `bound`, or `beam` on an export directory (CTranslate2's rule).
+    `values` holds the command's flag values: `search`, `paths` and `data_dir` (generate, serve)."""
+    search = dict(values["search"])
+    export = export_path(values["paths"])
+    if search["max_len_b"] is None:
+        if export is not None:
+            from nmtkit.export.directory import load_export
+
+            search["max_len_b"] = default_search(load_export(export)["data"]).max_len_b
+        elif values["data_dir"] is not None:
+            search["max_len_b"] = default_max_len_b(values["data_dir"])
+    if search["early_stop"] is None and export is not None:
+        search["early_stop"] = "beam"
+    return search
+
+
+def check_model_paths(paths, data_dir: str | None, ema: bool) -> str | None:
+    """The export directory among `paths` (or None), after refusing what it cannot be used with:
+    an ensemble, a DATA_DIR beside it, --ema; without an export, DATA_DIR is required."""
+    if not paths:
+        raise UserError("--path is required (give it several times for an ensemble)")
+    export = export_path(paths)
+    if export is None:
+        if data_dir is None:
+            raise UserError("missing DATA_DIR: the data directory the checkpoint was trained with "
+                            "(only an export directory as --path needs none)")
+        return None
+    if len(paths) > 1:
+        raise UserError(f"--path {export} is an export directory; ensembles need checkpoints and their data directory")
+    if data_dir is not None:
+        raise UserError(f"--path {export} is an export directory: it carries its own dictionaries and subword "
+                        f"models; drop DATA_DIR ({data_dir})")
+    if ema:
+        raise UserError(f"--ema: {export} holds the weights chosen when it was exported (nmtkit export --ema); "
+                        "drop --ema")
+    return export
+
+
+def export_path(paths: list[str] | tuple[str, ...] | None) -> str | None:
+    """The export directory among --path values (nmtkit export's output), or None."""
+    from nmtkit.export.directory import is_export_dir
+
+    for p in paths or ():
+        if is_export_dir(p):
+            return str(p)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,13 +313,23 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     warn = warn or (lambda msg: print(f"nmtkit: warning: {msg}", file=sys.stderr))
     if opts.seed is not None:
         torch.manual_seed(opts.seed)
-    device, dtype = prepare_runtime(opts.device, opts.precision, opts.threads, warn)
-    _check_output_path(opts)
     cfg = opts.search
     if cfg.seed is None and opts.seed is not None:
         cfg = dataclasses.replace(cfg, seed=opts.seed)
-    tr = Translator.open(opts.paths, opts.data_dir, device, dtype, ema=opts.ema, max_tokens=opts.max_tokens,
-                         batch_size=opts.batch_size, warn=warn, search=cfg)
+    export = export_path(opts.paths)
+    if export is not None:  # an `nmtkit export` directory, run by CTranslate2 (docs/export.md)
+        from nmtkit.generation.ct2_translator import CTranslate2Translator
+
+        _check_output_path(opts)
+        tr = CTranslate2Translator.load(export, device=opts.device, precision=opts.precision, threads=opts.threads,
+                                        max_tokens=opts.max_tokens, batch_size=opts.batch_size, warn=warn,
+                                        search=cfg)
+        tr.rescore = opts.format == "fairseq"  # its P- lines: per-token scores from a forced-decoding pass
+    else:
+        device, dtype = prepare_runtime(opts.device, opts.precision, opts.threads, warn)
+        _check_output_path(opts)
+        tr = Translator.open(opts.paths, opts.data_dir, device, dtype, ema=opts.ema, max_tokens=opts.max_tokens,
+                             batch_size=opts.batch_size, warn=warn, search=cfg)
     manifest, src_dict, tgt_dict = tr.manifest, tr.src_dict, tr.tgt_dict
 
     if opts.input is not None:
@@ -278,7 +346,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     if manifest.get("task") == "parsing":  # one bracketed tree per input line (docs/parsing.md)
         from nmtkit.parsing.pipeline import tree_writer
 
-        text_of = tree_writer(opts.data_dir, manifest, None if opts.input is not None else split, total,
+        text_of = tree_writer(tr.data_dir, manifest, None if opts.input is not None else split, total,
                               src_dict, tr.src_lang)
 
     stats = GenerateStats()

@@ -197,6 +197,12 @@ def apply_search_settings(base: SearchConfig, overrides: dict) -> SearchConfig:
     return cfg
 
 
+def _is_export(path: str) -> bool:
+    from nmtkit.export.directory import is_export_dir
+
+    return is_export_dir(path)
+
+
 def _paths(path) -> list[str]:
     if isinstance(path, (str, os.PathLike)):
         return [str(path)]
@@ -238,11 +244,19 @@ class Translator:
     def __init__(self, loaded: LoadedModels, *, data_dir: str, manifest: dict, src_dict, tgt_dict, tgt_subword,
                  device: torch.device, search: SearchConfig, max_tokens: int | None = None,
                  batch_size: int | None = None, warn: Callable[[str], None] | None = None):
+        self.loaded = loaded
+        self.models = loaded.models
+        self._init_text(data_dir=data_dir, manifest=manifest, src_dict=src_dict, tgt_dict=tgt_dict,
+                        tgt_subword=tgt_subword, device=device, search=search, max_tokens=max_tokens,
+                        batch_size=batch_size, warn=warn)
+
+    def _init_text(self, *, data_dir, manifest: dict, src_dict, tgt_dict, tgt_subword, device, search: SearchConfig,
+                   max_tokens: int | None, batch_size: int | None, warn: Callable[[str], None] | None) -> None:
+        """Everything but the models: dictionaries, subword models, batching and search settings
+        (shared with the CTranslate2-backed subclass, `nmtkit.generation.ct2_translator`)."""
         for name, v in (("max_tokens", max_tokens), ("batch_size", batch_size)):
             if v is not None and v < 1:
                 raise UserError(f"{name} must be >= 1, got {v}")
-        self.loaded = loaded
-        self.models = loaded.models
         self.data_dir = str(data_dir)
         self.manifest = manifest
         self.src_lang, self.tgt_lang = manifest["source_lang"], manifest["target_lang"]
@@ -280,12 +294,26 @@ class Translator:
         unk_penalty, nbest, early_stop, sampling, topk, topp, temperature, seed, max_len_cap),
         the defaults of every later call; `search`: a whole SearchConfig to start from instead
         of the defaults.
+
+        `path` may instead be a directory made by `nmtkit export` (without `data_dir`): the
+        result is then a `CTranslate2Translator` (nmtkit.generation.ct2_translator), the same
+        interface running on CTranslate2, with the export's own dictionaries and subword models.
         """
         paths = _paths(path)
+        exported = [p for p in paths if _is_export(p)]
+        if exported:  # a directory made by `nmtkit export`: the CTranslate2 runtime (docs/export.md)
+            if data_dir is not None or len(paths) > 1:
+                raise UserError(f"{exported[0]} is an export directory: it carries its own dictionaries and "
+                                "subword models; load it alone, without data_dir (no ensembles of exports)")
+            from nmtkit.generation.ct2_translator import CTranslate2Translator
+
+            return CTranslate2Translator.load(paths[0], device=device, precision=precision, ema=ema,
+                                              threads=threads, max_tokens=max_tokens, batch_size=batch_size,
+                                              warn=warn, search=search, **search_settings)
         if data_dir is None:
             raise UserError(
                 "Translator.load: data_dir is required: the data directory the checkpoint was trained "
-                "with (its dictionaries and subword models)"
+                "with (its dictionaries and subword models), unless path is a directory made by nmtkit export"
             )
         warn = warn or warn_stderr
         dev, dtype = prepare_runtime(device, precision, threads, warn)

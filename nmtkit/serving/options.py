@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmtkit.errors import UserError
-from nmtkit.generation.generator import GenerateOptions, default_max_len_b
+from nmtkit.generation.generator import GenerateOptions, check_model_paths, search_flag_defaults
 from nmtkit.generation.search import SearchConfig
 from nmtkit.models.loading import PRECISIONS
 from nmtkit.settings import construct, group, same_setting, setting
@@ -25,8 +25,8 @@ LIMITS = "Request limits"
 class ServeOptions:
     """What `nmtkit serve` needs; each `setting` field is one flag."""
 
-    data_dir: str = same_setting(GenerateOptions, "data_dir")
     paths: list[str] = same_setting(GenerateOptions, "paths")
+    data_dir: str | None = same_setting(GenerateOptions, "data_dir")
     search: SearchConfig = group(SearchConfig)
     host: str = setting("127.0.0.1", flag="--host", panel=SERVER, help="Address to listen on (0.0.0.0: every interface).")
     port: int = setting(8000, flag="--port", panel=SERVER, help="TCP port (0: any free port; the log says which).")
@@ -44,12 +44,9 @@ class ServeOptions:
 
     @classmethod
     def from_flags(cls, values: dict) -> "ServeOptions":
-        """As `GenerateOptions.from_flags`: a --max-len-b not given depends on the data directory
-        (50, or 300 for a parsing data directory)."""
-        search = dict(values["search"])
-        if search["max_len_b"] is None:
-            search["max_len_b"] = default_max_len_b(values["data_dir"])
-        return construct(cls, {**values, "search": search})
+        """As `GenerateOptions.from_flags`: --max-len-b and --early-stop not given depend on the
+        model (`search_flag_defaults`)."""
+        return construct(cls, {**values, "search": search_flag_defaults(values)})
 
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting (the search's own are
@@ -57,8 +54,7 @@ class ServeOptions:
         s = self.search
         if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
             raise UserError("--topk, --topp and --temperature apply only with --sampling")
-        if not self.paths:
-            raise UserError("--path is required (give it several times for an ensemble)")
+        check_model_paths(self.paths, self.data_dir, self.ema)
         if self.precision not in PRECISIONS:
             raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.threads < 0:

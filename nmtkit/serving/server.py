@@ -73,10 +73,12 @@ def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) 
     from nmtkit import __version__
     from nmtkit.generation.translator import SEARCH_SETTINGS
 
+    exported = tr.loaded is None  # an export directory, run by CTranslate2 (CTranslate2Translator)
+    archs = [tr.arch.to_dict()] if exported else [c.to_dict() for c in tr.loaded.configs]
     return {
         "nmtkit": __version__,
-        "model": {"paths": list(opts.paths), "sha256": sha256s, "ema": opts.ema,
-                  "architecture": [c.to_dict() for c in tr.loaded.configs]},
+        "model": {"paths": list(opts.paths), "sha256": sha256s, "ema": opts.ema, "architecture": archs,
+                  "runtime": "ctranslate2" if exported else "nmtkit"},
         "source_lang": tr.src_lang, "target_lang": tr.tgt_lang, "task": tr.task,
         "device": str(tr.device), "precision": opts.precision,
         "defaults": {name: getattr(tr.search, name) for name in SEARCH_SETTINGS},

@@ -1,0 +1,25 @@
+"""`nmtkit export`: flag parsing for nmtkit.export.exporter (docs/export.md).
+
+The flags are ExportOptions' fields (their defaults and help live there).
+"""
+
+from __future__ import annotations
+
+from nmtkit.cli.app import app
+from nmtkit.cli.options import with_settings
+from nmtkit.export.exporter import ExportOptions
+
+
+@app.command("export")
+@with_settings(ExportOptions, into="opts")
+def export_command(opts: ExportOptions) -> None:
+    """Export a checkpoint and its data directory's dictionaries and subword model(s) as one
+    self-contained directory for CTranslate2; `nmtkit generate --path DIR` translates with it."""
+    from rich.console import Console
+
+    from nmtkit.export.exporter import export
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    with err.status("export") as spinner:
+        result = export(opts, status=lambda msg: spinner.update(f"export: {msg}"))
+    print(result.line())

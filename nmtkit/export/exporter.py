@@ -1,0 +1,134 @@
+"""What `nmtkit export` does: a checkpoint and its data directory -> a self-contained model directory.
+
+Steps, each refusing bad input before any work is written:
+1. the options (format, quantization), the runtime's presence, and the output (absent, or an
+   earlier export replaced with --force; never a folder holding an input);
+2. the data directory's manifest and dictionaries, and the checkpoint through the one loader
+   (`nmtkit.models.loading.load_models`: dictionary and language checks, `--ema` weights);
+3. the runtime's conversion (`nmtkit.export.ctranslate2`), which refuses an architecture it
+   cannot represent in one line naming the setting;
+4. the data directory's dictionaries and subword model(s) copied beside it, and `nmtkit.json`
+   written last, all in a temporary folder renamed to --output at the end
+   (`nmtkit.export.directory`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from datetime import datetime, timezone
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmtkit.errors import UserError
+from nmtkit.export.ctranslate2 import QUANTIZATIONS
+from nmtkit.settings import setting
+
+FORMATS = ("ctranslate2",)  # one module of nmtkit.export per runtime
+
+
+@dataclass
+class ExportOptions:
+    """Everything `nmtkit export` needs; each field is one of its flags (docs/export.md)."""
+
+    data_dir: str = setting(flag="data_dir", argument=True, help="The data directory the checkpoint was trained with (dictionaries, subword model).")
+    path: str = setting(flag="--path", help="Checkpoint to export (an averaged one works as is).")
+    output: str = setting(flag="--output", aliases=("-o",), help="The directory to create (atomically).")
+    format: str = setting("ctranslate2", flag="--format", help="Runtime to export for: ctranslate2.")
+    quantization: str = setting("float32", flag="--quantization", help="Weight type: float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16.")
+    ema: bool = setting(False, flag="--ema", help="Export the checkpoint's EMA weights instead of the raw weights.")
+    force: bool = setting(False, flag="--force", help="Replace --output if it is an earlier export.")
+
+    def validate(self) -> None:
+        """UserError naming the flag for every impossible setting."""
+        if self.format not in FORMATS:
+            raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise UserError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+
+
+@dataclass
+class ExportResult:
+    output: Path
+    info: dict  # what nmtkit.json holds
+    bytes: int  # size of the directory
+    seconds: float
+
+    def line(self) -> str:
+        cfg = self.info["arch_config"]
+        return (f"exported {self.info['checkpoint']['file']} ({self.info['arch']}, {cfg['encoder_layers']}+"
+                f"{cfg['decoder_layers']} layers, d_model {cfg['d_model']}) as {self.info['runtime']['name']} "
+                f"{self.info['runtime']['quantization']} -> {self.output} ({self.bytes / 2**20:.1f} MiB, "
+                f"{self.seconds:.1f}s)")
+
+
+def sha256_of(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def export(opts: ExportOptions, status=None) -> ExportResult:
+    """Run the export; `status(msg)` (optional) is told what is happening (a spinner's text)."""
+    from nmtkit import __version__
+    from nmtkit.checkpoints import load_checkpoint
+    from nmtkit.data.manifest import load_dictionaries, load_manifest, verify_files
+    from nmtkit.export import ctranslate2 as rt
+    from nmtkit.export.directory import atomic_directory, check_output, data_files, data_section, write_info
+    from nmtkit.models.loading import load_models
+
+    t0 = time.perf_counter()
+    say = status or (lambda msg: None)
+    opts.validate()
+    ct2 = rt.import_ctranslate2()
+    out = check_output(opts.output, opts.force, [("DATA_DIR", opts.data_dir), ("--path", opts.path)])
+
+    say("loading the data directory and the checkpoint")
+    manifest = load_manifest(opts.data_dir)
+    src_lang, tgt_lang = manifest["source_lang"], manifest["target_lang"]
+    names = data_files(manifest)
+    verify_files(opts.data_dir, manifest, names)
+    src_dict, tgt_dict = load_dictionaries(opts.data_dir, manifest)
+    state = load_checkpoint(opts.path)
+    meta = {k: state.get(k) for k in ("arch", "update", "epoch", "averaged_from", "data_manifest_id")}
+    del state
+    loaded = load_models([opts.path], src_dict, tgt_dict, "cpu", "fp32", ema=opts.ema, langs=(src_lang, tgt_lang))
+    model, cfg = loaded.models[0], loaded.configs[0]
+
+    say("converting")
+    spec = rt.build_spec(model, [src_dict[i] for i in range(len(src_dict))],
+                         [tgt_dict[i] for i in range(len(tgt_dict))])
+    del loaded, model
+    with atomic_directory(out) as tmp:
+        rt.convert(spec, str(tmp), opts.quantization)
+        runtime_files = sorted(p.name for p in tmp.iterdir())
+        for name in names:
+            shutil.copy2(Path(opts.data_dir) / name, tmp / name)
+        verify_files(tmp, {"files": {n: manifest["files"][n] for n in names if n in manifest["files"]}})
+        info = {
+            "nmtkit_version": __version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "runtime": {"name": opts.format, "version": ct2.__version__, "quantization": opts.quantization,
+                        "files": runtime_files},
+            "arch": meta["arch"],
+            "arch_config": cfg.to_dict(),
+            "source_lang": src_lang,
+            "target_lang": tgt_lang,
+            "task": manifest.get("task", "translation"),
+            "checkpoint": {
+                "file": str(opts.path),
+                "sha256": sha256_of(opts.path),
+                "ema": opts.ema,
+                "update": meta["update"],
+                "epoch": meta["epoch"],
+                "averaged_from": meta["averaged_from"],
+                "data_manifest_id": meta["data_manifest_id"],
+            },
+            "data": data_section(manifest, names),
+        }
+        write_info(tmp, info)
+        size = sum(p.stat().st_size for p in tmp.iterdir())
+    return ExportResult(out, {"format": "nmtkit-export", **info}, size, time.perf_counter() - t0)

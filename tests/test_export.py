@@ -1,0 +1,592 @@
+"""`nmtkit export --format ctranslate2` and decoding an export directory (docs/export.md).
+
+The reference is nmtkit itself: small models are trained here (a word-mapping task wK -> WK with a
+sentencepiece model, and the parsing data directory of test_parsing_pipeline.py), exported, and
+the CTranslate2 runtime must give the hypotheses of native search with fairseq's stopping rule and
+length penalty (`--early-stop beam --lenpen-form fairseq`), with scores within 1e-4. The weight
+mapping itself is checked for every registry architecture (shrunk) against the model's own
+teacher-forced log-probabilities. Skipped when ctranslate2 is not installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmtkit.errors import UserError
+from nmtkit.models.registry import ARCHS
+from tests.test_parsing_pipeline import check_trees, write_inputs
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'nmtkit[ctranslate2]'")
+
+REPO = Path(__file__).resolve().parents[1]
+# a word-for-word task (German -> English words) that a tiny model learns in 150 updates
+WORDS = "der Hund Katze Haus Baum läuft springt schläft groß klein rot blau ein zwei Mann Frau Kind Straße".split()
+ENGLISH = dict(zip(WORDS, "the dog cat house tree runs jumps sleeps big small red blue a two man woman child street".split()))
+FAIRSEQ = dict(lenpen_form="fairseq")  # the only length penalty CTranslate2 has
+NATIVE = dict(lenpen_form="fairseq", early_stop="beam")  # native search with CTranslate2's rules
+TOL = 1e-4
+
+
+def sentences(n: int, seed: int) -> list[str]:
+    """Inputs of the task, with an unknown word, an empty and a blank line among them."""
+    rng = random.Random(seed)
+    out = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(n)]
+    return out[:5] + ["", "Hund Zebra Katze", "   "] + out[5:]
+
+
+def train(data: Path, save_dir: Path, updates: int, **kw):
+    from nmtkit.training import trainer as T
+    from nmtkit.training.config import TrainConfig
+
+    overrides = {"dropout": 0.0, **kw.pop("arch_overrides", {})}
+    cfg = TrainConfig(data_dir=str(data), save_dir=str(save_dir), arch="transformer_tiny", max_tokens=kw.pop("max_tokens", 300),
+                      lr_scheduler="inverse_sqrt", lr=5e-3, warmup_updates=5, log_interval=1000, progress_bar=False,
+                      threads=1, no_epoch_checkpoints=True, no_validate=True, max_update=updates,
+                      arch_overrides=overrides, **kw)
+    T.train(cfg)
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def wm(tmp_path_factory):
+    """A data dir of the word-for-word task (sentencepiece, joined dictionary) and trained models:
+    post: the paper's post-norm, all embeddings shared, sinusoids; update checkpoints 50/100/150
+          and their average;
+    pre:  pre-norm, separate embeddings, learned positions, EMA weights.
+    """
+    from nmtkit.checkpoints import average_checkpoints, last_checkpoints, save_checkpoint
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("export")
+    rng = random.Random(0)
+    for split, n in (("train", 500), ("valid", 10)):
+        src = [[rng.choice(WORDS) for _ in range(rng.randint(1, 10))] for _ in range(n)]
+        (root / f"{split}.de").write_text("\n".join(" ".join(s) for s in src) + "\n", encoding="utf-8")
+        (root / f"{split}.en").write_text("\n".join(" ".join(ENGLISH[w] for w in s) for s in src) + "\n",
+                                          encoding="utf-8")
+    data = root / "data"
+    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
+                                validpref=[str(root / "valid")], destdir=str(data), vocab_size=60,
+                                joined_dictionary=True))
+    post = train(data, root / "post", 150, save_interval_updates=50, keep_last_updates=3)
+    avg = root / "avg3.pt"
+    last3 = last_checkpoints(root / "post", 3, "update")
+    save_checkpoint(average_checkpoints(last3), avg)
+    pre = train(data, root / "pre", 150, ema_decay=0.9,
+                arch_overrides={"normalize_before": True, "share_embeddings": "none", "learned_pos": True})
+    return {"root": root, "data": data, "post": post, "pre": pre, "avg": avg, "avg_from": [p.name for p in last3]}
+
+
+def export_dir(wm, name: str, *args: str, tmp_name: str | None = None) -> Path:
+    """Export checkpoint `name` of `wm` (once per arguments) with the CLI, from a copy of the data
+    directory that is deleted afterwards: the directory must need nothing else."""
+    from nmtkit.cli import main
+
+    out = wm["root"] / (tmp_name or f"{name}{''.join(args).replace('-', '_')}-ct2")
+    if not out.exists():
+        copy = wm["root"] / "data-copy"
+        shutil.copytree(wm["data"], copy)
+        try:
+            with pytest.raises(SystemExit) as e:
+                main(["export", str(copy), "--path", str(wm[name]), "--output", str(out), *args])
+            assert e.value.code == 0
+        finally:
+            shutil.rmtree(copy)
+    return out
+
+
+def load_both(wm, name: str, export: Path, ema: bool = False, **settings):
+    from nmtkit import Translator
+
+    quiet = dict(threads=1, warn=lambda msg: None)
+    native = Translator.load(wm[name], wm["data"], ema=ema, **quiet, **NATIVE, **settings)
+    ct2 = Translator.load(export, **quiet, **FAIRSEQ, **settings)
+    return native, ct2
+
+
+def assert_same(native, ct2, texts: list[str], **settings) -> None:
+    """Identical n-best lists (tokens, texts) and scores / log-probabilities within TOL."""
+    a, b = native.translate_nbest(texts, **settings), ct2.translate_nbest(texts, **settings)
+    assert len(a) == len(b) == len(texts)
+    for text, x, y in zip(texts, a, b):
+        assert [t.hypothesis.tokens for t in x] == [t.hypothesis.tokens for t in y], (text, settings)
+        assert [t.text for t in x] == [t.text for t in y]
+        for t, u in zip(x, y):
+            assert abs(t.score - u.score) < TOL and abs(t.logprob - u.logprob) < TOL, (text, t, u)
+    assert any(t.text for row in b for t in row)  # guard: the model does translate
+
+
+def lines(text: str) -> list[str]:
+    assert text == "" or text.endswith("\n")
+    return text.split("\n")[:-1]
+
+
+# ------------------------------------------------------------------------ the directory
+
+
+def test_export_directory_is_self_contained_and_loads_in_plain_ctranslate2(wm, run_cli):
+    import sentencepiece as spm
+
+    from nmtkit.checkpoints import load_checkpoint
+    from nmtkit.data.manifest import load_manifest, sha256_file
+
+    out = export_dir(wm, "post")
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["config.json", "dict.de.txt", "dict.en.txt", "model.bin", "nmtkit.json",
+                     "shared_vocabulary.json", "spm.model"]
+    info = json.loads((out / "nmtkit.json").read_text(encoding="utf-8"))
+    manifest = load_manifest(wm["data"])
+    state = load_checkpoint(wm["post"])
+    assert info["format"] == "nmtkit-export" and info["format_version"] == 1
+    assert info["runtime"]["name"] == "ctranslate2" and info["runtime"]["quantization"] == "float32"
+    assert info["runtime"]["version"] == ctranslate2.__version__
+    assert info["arch"] == "transformer_tiny" and info["arch_config"] == state["arch_config"]
+    assert (info["source_lang"], info["target_lang"], info["task"]) == ("de", "en", "translation")
+    assert info["checkpoint"]["sha256"] == sha256_file(wm["post"]) and info["checkpoint"]["update"] == 150
+    assert info["checkpoint"]["ema"] is False and info["checkpoint"]["averaged_from"] is None
+    assert info["data"]["subword"] == manifest["subword"] and info["data"]["dictionaries"] == manifest["dictionaries"]
+    assert info["data"]["files"] == {n: manifest["files"][n] for n in ("dict.de.txt", "dict.en.txt", "spm.model")}
+    assert all(sha256_file(out / n) == h for n, h in info["data"]["files"].items())
+    config = json.loads((out / "config.json").read_text())
+    assert config["add_source_eos"] is True and config["decoder_start_token"] == "<s>"
+    assert config["layer_norm_epsilon"] == 1e-5
+    vocab = json.loads((out / "shared_vocabulary.json").read_text())
+    assert vocab[:4] == ["<pad>", "<s>", "</s>", "<unk>"] and len(vocab) == info["data"]["dictionaries"]["de"]["size"]
+
+    # docs/export.md's plain-Python recipe gives what nmtkit's runtime gives
+    from nmtkit import Translator
+
+    tr = Translator.load(out, threads=1, **FAIRSEQ)
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    plain = ctranslate2.Translator(str(out), intra_threads=1)
+    texts = [s for s in sentences(20, 1) if s.strip()]
+    results = plain.translate_batch([sp.encode(s, out_type=str) for s in texts], beam_size=4, length_penalty=0.6,
+                                    max_decoding_length=51, min_decoding_length=0, max_input_length=0,
+                                    return_end_token=True, return_scores=True)
+    got = [sp.decode([t for t in r.hypotheses[0] if t != "</s>"]) for r in results]
+    assert got == tr.translate(texts, max_len_a=0.0, max_len_b=50)
+
+
+def test_the_export_translates_with_its_own_files_only(wm, tmp_path, run_cli):
+    """export_dir exports from a copy of the data directory, deleted since; the directory moves."""
+    out = export_dir(wm, "post")
+    moved = tmp_path / "elsewhere" / "model"
+    shutil.copytree(out, moved)
+    f = tmp_path / "in.de"
+    f.write_text("Hund Katze\n\nein Mann läuft\n", encoding="utf-8")
+    r = run_cli("generate", "--path", moved, "--input", f, "--lenpen-form", "fairseq", "--quiet")
+    native = run_cli("generate", wm["data"], "--path", wm["post"], "--input", f, "--lenpen-form", "fairseq",
+                     "--early-stop", "beam", "--quiet")
+    assert r.code == native.code == 0, r
+    assert lines(r.out) == lines(native.out) and lines(r.out)[1] == "" and lines(r.out)[0]
+
+
+# ------------------------------------------------------------------------ same as native search
+
+
+@pytest.mark.parametrize("name", ["post", "pre"])
+def test_ctranslate2_search_equals_native_search(wm, name):
+    """post: post-norm, shared embeddings, sinusoids; pre: pre-norm, separate embeddings, learned
+    positions. Beam, greedy, n-best, no length penalty, output limits that are reached, batching."""
+    native, ct2 = load_both(wm, name, export_dir(wm, name), max_len_a=0.0, max_len_b=40)
+    texts = sentences(60, 2)
+    assert_same(native, ct2, texts)
+    assert_same(native, ct2, texts, beam=1)
+    assert_same(native, ct2, texts, beam=5, nbest=3)
+    assert_same(native, ct2, texts, lenpen=0.0)
+    assert_same(native, ct2, texts, lenpen=1.0, beam=3)
+    assert_same(native, ct2, texts, max_len_a=1.0, max_len_b=0)  # a few outputs end at their limit
+    assert_same(native, ct2, texts, max_len_a=0.5, max_len_b=1, beam=1)  # greedy: exact at the limit too
+    # batching never changes the output
+    for batching in (dict(batch_size=1), dict(max_tokens=20)):
+        from nmtkit import Translator
+
+        other = Translator.load(export_dir(wm, name), threads=1, warn=lambda m: None, max_len_a=0.0, max_len_b=40,
+                                **FAIRSEQ, **batching)
+        assert other.translate(texts) == ct2.translate(texts)
+
+
+def test_hypotheses_that_reach_the_output_limit(wm):
+    """A tight limit (half the source length): CTranslate2 stops its best candidates there without
+    </s>; the runtime closes them with </s> and rescores them, so every output obeys the limit and
+    every score is the model's own. The choice can differ from nmtkit's (docs/export.md), rarely."""
+    native, ct2 = load_both(wm, "post", export_dir(wm, "post"), max_len_a=0.5, max_len_b=1)
+    texts = [t for t in sentences(100, 9) if t.strip()]
+    a, b = native.translate_nbest(texts), ct2.translate_nbest(texts)
+    limits = [int(0.5 * len(ct2.encode([t])[0].ids) + 1) for t in texts]
+    assert sum(len(x[0].hypothesis.tokens) == n for x, n in zip(a, limits)) > 20  # guard: the limit is reached
+    model = native.models[0]
+    for text, x, y, n in zip(texts, a, b, limits):
+        h = y[0].hypothesis
+        assert len(h.tokens) <= n
+        src = torch.tensor([[*ct2.encode([text])[0].ids, 2]])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(src, torch.tensor([[1, *h.tokens]])).float(), dim=-1)[0]
+        assert abs(float(lp.gather(1, torch.tensor([*h.tokens, 2])[:, None]).sum()) - h.logprob) < TOL
+    assert sum(x[0].hypothesis.tokens == y[0].hypothesis.tokens for x, y in zip(a, b)) >= 0.9 * len(texts)
+
+
+def test_generate_cli_on_an_export_equals_native_generate(wm, tmp_path, run_cli):
+    out = export_dir(wm, "post")
+    f = tmp_path / "in.de"
+    f.write_text("\n".join(sentences(30, 3)) + "\n", encoding="utf-8")
+    flags = ["--lenpen-form", "fairseq", "--max-len-a", "0", "--max-len-b", "256", "--quiet", "--threads", "1"]
+    native = run_cli("generate", wm["data"], "--path", wm["post"], "--input", f, "--early-stop", "beam", *flags)
+    ct2 = run_cli("generate", "--path", out, "--input", f, *flags)
+    assert native.code == ct2.code == 0, (native, ct2)
+    assert lines(ct2.out) == lines(native.out) and len(lines(ct2.out)) == 33
+    assert lines(ct2.out)[5] == lines(ct2.out)[7] == ""  # empty and blank lines kept, in order
+    # fairseq format: the same S-/H-/D- lines, P- lines (per-token scores) within 1e-4
+    for fmt in (["--format", "fairseq", "--nbest", "2"], ["--print-scores", "--nbest", "2"]):
+        a = run_cli("generate", wm["data"], "--path", wm["post"], "--input", f, "--early-stop", "beam", *flags, *fmt)
+        b = run_cli("generate", "--path", out, "--input", f, *flags, *fmt)
+        assert a.code == b.code == 0, (a, b)
+        la, lb = lines(a.out), lines(b.out)
+        assert len(la) == len(lb) and any(x.startswith("P-") for x in la) == ("fairseq" in fmt)
+        for x, y in zip(la, lb):
+            xs, ys = x.split("\t"), y.split("\t")
+            assert len(xs) == len(ys)
+            for u, v in zip(xs, ys):
+                if _numbers(u) is not None:  # scores (one, or P- lines' per-token ones)
+                    assert len(_numbers(u)) == len(_numbers(v)), (x, y)
+                    assert all(abs(p - q) < TOL or p == q for p, q in zip(_numbers(u), _numbers(v))), (x, y)
+                else:
+                    assert u == v
+
+
+def _numbers(field: str) -> list[float] | None:
+    try:
+        return [float(p) for p in field.split()] or None
+    except ValueError:
+        return None
+
+
+def test_generate_pipes_into_score(wm, tmp_path):
+    """`nmtkit generate --path EXPORT --input - | nmtkit score --ref REF` (separate processes)."""
+    out = export_dir(wm, "post")
+    texts = [s for s in sentences(20, 4) if s.strip()]
+    ref = tmp_path / "ref.en"
+    ref.write_text("\n".join(" ".join(ENGLISH.get(w, w) for w in s.split()) for s in texts) + "\n", encoding="utf-8")
+    env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    nmtkit = f"{sys.executable} -m nmtkit"
+    cmd = (f"{nmtkit} generate --path {out} --input - --lenpen-form fairseq --quiet --threads 1 "
+           f"| {nmtkit} score --ref {ref}")
+    p = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], input="\n".join(texts) + "\n", env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "BLEU" in p.stdout
+
+
+def test_parsing_export_gives_native_trees(tmp_path_factory, run_cli):
+    """The parsing model: separate vocabularies, target-only tied embeddings; trees repaired as today."""
+    from nmtkit.cli import main
+
+    root = tmp_path_factory.mktemp("parse")
+    write_inputs(root)
+    data = root / "data"
+    with pytest.raises(SystemExit) as e:
+        main(["preprocess", "--task", "parsing", "--trainpref", str(root / "train"), "--extra-train",
+              str(root / "more.trees"), "--validpref", str(root / "valid"), "--testpref", str(root / "test.mrg"),
+              "--destdir", str(data), "--bpe", "none"])
+    assert e.value.code == 0
+    ckpt = train(data, root / "ck", 150, max_tokens=1024, arch_overrides={"share_embeddings": "decoder"})
+    out = root / "parse-ct2"
+    r = run_cli("export", data, "--path", ckpt, "--output", out)
+    assert r.code == 0, r
+    info = json.loads((out / "nmtkit.json").read_text())
+    assert info["task"] == "parsing" and info["data"]["parsing"] == {"pos_tags": "keep"}
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "dict.lin.txt", "dict.words.txt", "model.bin",
+                                                     "nmtkit.json", "source_vocabulary.json", "target_vocabulary.json"]
+    words = (data / "test.words").read_text(encoding="utf-8").splitlines() + [
+        "Pierre Vinken will join the board as a director .", "", "a ( b ) c"]
+    f = root / "in.words"
+    f.write_text("\n".join(words) + "\n", encoding="utf-8")
+    flags = ["--lenpen-form", "fairseq", "--quiet", "--threads", "1"]
+    native = run_cli("generate", data, "--path", ckpt, "--input", f, "--early-stop", "beam", *flags)
+    ct2 = run_cli("generate", "--path", out, "--input", f, *flags)
+    assert native.code == ct2.code == 0, (native, ct2)
+    assert lines(ct2.out) == lines(native.out)
+    check_trees(lines(ct2.out), words)
+    assert any(line.count("(") > 3 for line in lines(ct2.out))  # guard: the model builds trees
+    from nmtkit import Translator
+
+    nat = Translator.load(ckpt, data, threads=1, warn=lambda m: None, **NATIVE)
+    ctr = Translator.load(out, threads=1, warn=lambda m: None, **FAIRSEQ)
+    assert ctr.search.max_len_b == 300  # a parsing model's output limit: input + 300
+    assert_same(nat, ctr, words, beam=4, nbest=2)
+
+
+# ------------------------------------------------------------------------ quantization, averaging, EMA
+
+
+def test_int8_export_loads_and_translates(wm):
+    from nmtkit import Translator
+
+    f32, i8 = export_dir(wm, "post"), export_dir(wm, "post", "--quantization", "int8")
+    info = json.loads((i8 / "nmtkit.json").read_text())
+    assert info["runtime"]["quantization"] == "int8"
+    assert (i8 / "model.bin").stat().st_size < 0.6 * (f32 / "model.bin").stat().st_size
+    tr = Translator.load(i8, threads=1, **FAIRSEQ)
+    assert tr.compute_type == "default"  # the export's int8
+    texts = [s for s in sentences(40, 5) if s.strip()]
+    full = Translator.load(f32, threads=1, **FAIRSEQ)
+    got, want = tr.translate(texts), full.translate(texts)
+    assert all(got) and sum(a == b for a, b in zip(got, want)) >= 0.5 * len(texts), list(zip(got, want))
+    # the int8 weights give nearly the float32 model's token log-probabilities (mean 0.01 here)
+    import numpy as np
+
+    src = [full.src_dict.string(it.ids) for it in full.encode(texts)]
+    hyp = [full.tgt_dict.string(r[0].hypothesis.tokens) for r in full.translate_nbest(texts)]
+    a, b = (t.runtime.score_batch(src, hyp, max_input_length=0) for t in (full, tr))
+    diff = np.concatenate([np.abs(np.array(x.log_probs) - np.array(y.log_probs)) for x, y in zip(a, b)])
+    assert 0 < diff.mean() < 0.05
+
+
+def test_averaged_checkpoint_export(wm):
+    out = export_dir(wm, "avg")
+    info = json.loads((out / "nmtkit.json").read_text())
+    assert info["checkpoint"]["averaged_from"] == wm["avg_from"] and len(wm["avg_from"]) == 3
+    assert [n.rsplit("_", 1)[1] for n in wm["avg_from"]] == ["50.pt", "100.pt", "150.pt"]
+    native, ct2 = load_both(wm, "avg", out, max_len_a=0.0, max_len_b=40)
+    assert_same(native, ct2, sentences(30, 6))
+
+
+def test_ema_export(wm, run_cli):
+    ema, raw = export_dir(wm, "pre", "--ema"), export_dir(wm, "pre")
+    assert json.loads((ema / "nmtkit.json").read_text())["checkpoint"]["ema"] is True
+    native, ct2 = load_both(wm, "pre", ema, ema=True, max_len_a=0.0, max_len_b=40)
+    texts = sentences(30, 7)
+    assert_same(native, ct2, texts)
+    from nmtkit import Translator
+
+    raw_scores = [t.score for row in Translator.load(raw, threads=1, **FAIRSEQ).translate_nbest(texts) for t in row]
+    assert raw_scores != [t.score for row in ct2.translate_nbest(texts) for t in row]  # other weights
+    # a checkpoint without EMA weights: refused by the loader, naming the file
+    r = run_cli("export", wm["data"], "--path", wm["post"], "--output", wm["root"] / "no-ema", "--ema")
+    assert r.code == 2 and f"--ema: {wm['post']} holds no EMA weights" in r.err
+    assert not (wm["root"] / "no-ema").exists()
+
+
+def test_sampling_greedy_and_the_api(wm):
+    from nmtkit import Translator
+
+    out = export_dir(wm, "post")
+    native, ct2 = load_both(wm, "post", out, max_len_a=0.0, max_len_b=40)
+    assert isinstance(ct2, Translator) and ct2.models == []
+    texts = sentences(20, 8)
+    # top-1 sampling is greedy search
+    assert ct2.translate(texts, sampling=True, topk=1, beam=3) == native.translate(texts, beam=1)
+    # samples: --beam of them per sentence, best first; a translator loaded with the same seed
+    # draws the same samples (CTranslate2 seeds its worker thread once)
+    sample = dict(sampling=True, beam=3, nbest=3, seed=1, temperature=1.5, threads=1, **FAIRSEQ)
+    a = Translator.load(out, **sample).translate_nbest(texts)
+    b = Translator.load(out, **sample).translate_nbest(texts)
+    assert [[t.text for t in r] for r in a] == [[t.text for t in r] for r in b]
+    assert len({t.text for r in a for t in r}) > 20  # they are samples
+    assert all(len(r) == 3 and [t.score for t in r] == sorted((t.score for t in r), reverse=True)
+               for r, s in zip(a, texts) if s.strip())
+    # empty input: one empty translation of score 0, no model call; over-long input: truncated, named
+    warnings = []
+    tr = Translator.load(out, threads=1, warn=warnings.append, **FAIRSEQ)
+    assert tr.max_source_tokens == 1023
+    res = tr.translate_nbest(["", " ".join(["Hund"] * 1100)], max_len_a=0.0, max_len_b=5)
+    assert res[0][0].text == "" and res[0][0].score == 0.0 and len(res[1][0].hypothesis.tokens) <= 5
+    assert len(warnings) == 1 and warnings[0].startswith("sentence 2: ") and "truncated to 1023" in warnings[0]
+
+
+# ------------------------------------------------------------------------ every architecture
+
+
+def _shrunk(cfg):
+    """The same architecture at 1/16 of the width (heads, layer counts, norms, tying, positions and
+    the d_k / d_v ratios kept), with short position tables."""
+    def small(v):
+        return None if v is None else max(1, v // 16)
+
+    return cfg.replace(d_model=cfg.d_model // 16, d_ff=cfg.d_ff // 16, d_k=small(cfg.d_k), d_v=small(cfg.d_v),
+                       max_source_positions=40, max_target_positions=40)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+def test_every_registry_architecture_converts_exactly(name, tmp_path):
+    """The converted weights compute the model's own log-probabilities (teacher forcing, 1e-4),
+    including Table 3 row B (d_k != d_v: zero-padded heads) and row E (learned positions)."""
+    import numpy as np
+
+    from nmtkit.export.ctranslate2 import build_spec, convert
+    from nmtkit.models import Transformer
+
+    cfg = _shrunk(ARCHS[name])
+    torch.manual_seed(0)
+    V = 30
+    model = Transformer(cfg, V, V).eval()
+    tokens = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(V - 4)]
+    convert(build_spec(model, tokens, tokens), str(tmp_path / "m"), "float32")
+    tr = ctranslate2.Translator(str(tmp_path / "m"), intra_threads=1)
+    rng = np.random.default_rng(0)
+    pairs = [(list(rng.integers(4, V, size=rng.integers(1, 20))), list(rng.integers(4, V, size=rng.integers(1, 20))))
+             for _ in range(6)]
+    scored = tr.score_batch([[tokens[i] for i in s] for s, _ in pairs], [[tokens[i] for i in t] for _, t in pairs],
+                            max_input_length=0)
+    for (s, t), r in zip(pairs, scored):
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([s + [2]]), torch.tensor([[1] + t])).float(), dim=-1)[0]
+        want = lp.gather(1, torch.tensor(t + [2]).unsqueeze(1)).view(-1)
+        assert np.abs(np.array(r.log_probs) - want.numpy()).max() < TOL, name
+
+
+def test_a_setting_the_conversion_does_not_know_is_refused():
+    """A field added to ArchConfig later is refused (with its flag) until the conversion handles it."""
+    from nmtkit.export.ctranslate2 import check_representable
+    from nmtkit.models.registry import ArchConfig
+
+    fields = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(ArchConfig)]
+    Later = dataclasses.make_dataclass("Later", [*fields, ("activation", str, dataclasses.field(default="relu"))],
+                                       frozen=True)
+    check_representable(Later())  # its default: the model is what the conversion writes
+    with pytest.raises(UserError, match=r"^--activation gelu: the CTranslate2 export does not represent"):
+        check_representable(Later(activation="gelu"))
+
+
+# ------------------------------------------------------------------------ refusals
+
+
+def test_export_refusals(wm, tmp_path, run_cli, monkeypatch):
+    data, ckpt = wm["data"], wm["post"]
+    out = tmp_path / "out"
+    for args, message in [
+        (["--quantization", "int4"], "--quantization must be one of float32, int8"),
+        (["--format", "onnx"], "--format must be one of ctranslate2, got 'onnx'"),
+    ]:
+        r = run_cli("export", data, "--path", ckpt, "--output", out, *args)
+        assert r.code == 2 and message in r.err and "Traceback" not in r.err, r
+        assert not out.exists()
+    # the runtime is missing: one line saying how to install it
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    r = run_cli("export", data, "--path", ckpt, "--output", out)
+    assert r.code == 2 and "pip install 'nmtkit[ctranslate2]'" in r.err and len(r.err.strip().splitlines()) == 1
+    r = run_cli("generate", "--path", export_dir(wm, "post"), "--input", tmp_path / "x", "--lenpen-form", "fairseq")
+    assert r.code == 2 and "pip install 'nmtkit[ctranslate2]'" in r.err
+    monkeypatch.undo()
+    # an existing --output: refused without --force; --force replaces only an earlier export
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = run_cli("export", data, "--path", ckpt, "--output", out)
+    assert r.code == 2 and f"--output {out} exists; pass --force to replace it" in r.err
+    r = run_cli("export", data, "--path", ckpt, "--output", out, "--force")
+    assert r.code == 2 and "is not an nmtkit export directory" in r.err
+    assert (out / "keep.txt").read_text() == "mine"
+    # an export that holds the checkpoint being exported would lose it
+    old = tmp_path / "old"
+    shutil.copytree(export_dir(wm, "post"), old)
+    shutil.copy(ckpt, old / "model.pt")
+    r = run_cli("export", data, "--path", old / "model.pt", "--output", old, "--force")
+    assert r.code == 2 and f"--output {old} would contain --path {old / 'model.pt'}" in r.err
+    assert (old / "model.pt").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "--lenpen-form gnmt: CTranslate2 has only fairseq's length penalty |Y|^alpha; pass --lenpen-form fairseq"),
+    (["--lenpen-form", "fairseq", "--early-stop", "bound"], "--early-stop bound: CTranslate2's beam search stops as fairseq's does; use --early-stop beam"),
+    (["--lenpen-form", "fairseq", "--early-stop", "none"], "--early-stop none: CTranslate2's beam search"),
+    (["--lenpen-form", "fairseq", "--unk-penalty", "1"], "--unk-penalty: CTranslate2 cannot penalize <unk>"),
+    (["--lenpen-form", "fairseq", "--ema"], "holds the weights chosen when it was exported (nmtkit export --ema)"),
+    (["--lenpen-form", "fairseq", "--device", "mps"], "--device mps: the CTranslate2 runtime runs on auto, cpu, cuda or cuda:N"),
+    (["--lenpen-form", "fairseq", "--precision", "fp8"], "--precision must be one of fp32, bf16, fp16"),
+])
+def test_generate_refuses_what_ctranslate2_cannot_honour(wm, tmp_path, run_cli, args, message):
+    f = tmp_path / "in.de"
+    f.write_text("Hund\n", encoding="utf-8")
+    r = run_cli("generate", "--path", export_dir(wm, "post"), "--input", f, *args)
+    assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1, r
+
+
+def test_generate_refuses_misuse_of_an_export(wm, tmp_path, run_cli):
+    from nmtkit import Translator
+
+    out = export_dir(wm, "post")
+    f = tmp_path / "in.de"
+    f.write_text("Hund\n", encoding="utf-8")
+    fs = ["--lenpen-form", "fairseq"]
+    for args, message in [
+        ([wm["data"], "--path", out, "--input", f], f"--path {out} is an export directory: it carries its own dictionaries"),
+        (["--path", out, *fs], "which translates raw text: give --input FILE"),
+        (["--path", out, "--gen-subset", "valid", *fs], "--gen-subset valid needs the checkpoint and its data directory"),
+        (["--path", out, "--path", out, "--input", f, *fs], "ensembles need checkpoints"),
+        (["--path", wm["post"], "--input", f], "missing DATA_DIR: the data directory the checkpoint was trained with"),
+    ]:
+        r = run_cli("generate", *args)
+        assert r.code == 2 and message in r.err, (args, r)
+    # the API says the same
+    with pytest.raises(UserError, match="lenpen_form='fairseq'"):
+        Translator.load(out)
+    with pytest.raises(UserError, match="load it alone, without data_dir"):
+        Translator.load(out, wm["data"], **FAIRSEQ)
+    with pytest.raises(UserError, match="--early-stop bound"):
+        Translator.load(out, **FAIRSEQ).translate(["Hund"], early_stop="bound")
+
+
+def test_a_damaged_export_is_named(wm, tmp_path, run_cli):
+    f = tmp_path / "in.de"
+    f.write_text("Hund\n", encoding="utf-8")
+    fs = ["--lenpen-form", "fairseq"]
+    for damage, message in [
+        (lambda d: (d / "dict.en.txt").write_text("x 1\n"), "dict.en.txt: checksum mismatch"),
+        (lambda d: (d / "model.bin").unlink(), "model.bin: missing (listed in nmtkit.json)"),
+        (lambda d: (d / "nmtkit.json").write_text(json.dumps({**json.loads((d / "nmtkit.json").read_text()),
+                                                              "format_version": 99})),
+         "export format version 99 is newer than this nmtkit understands"),
+    ]:
+        d = tmp_path / f"copy{len(message)}"
+        shutil.copytree(export_dir(wm, "post"), d)
+        damage(d)
+        r = run_cli("generate", "--path", d, "--input", f, *fs)
+        assert r.code == 2 and message in r.err, r
+
+
+# ------------------------------------------------------------------------ atomic output
+
+
+def test_export_is_atomic_and_force_replaces(wm, tmp_path, run_cli, monkeypatch):
+    import nmtkit.export.exporter as E
+
+    data, ckpt = wm["data"], wm["post"]
+    out = tmp_path / "m"
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    # a failure half-way: nothing at --output, no temporary folder left
+    monkeypatch.setattr(E.shutil, "copy2", boom)
+    r = run_cli("export", data, "--path", ckpt, "--output", out)
+    assert r.code == 1 and "disk full" in r.err
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    r = run_cli("export", data, "--path", ckpt, "--output", out)
+    assert r.code == 0, r
+    assert f"-> {out}" in r.out
+    before = (out / "nmtkit.json").read_bytes()
+    (out / "marker").write_text("old")
+    # a failure while replacing with --force: the earlier export stays as it was
+    monkeypatch.setattr(E.shutil, "copy2", boom)
+    r = run_cli("export", data, "--path", wm["pre"], "--output", out, "--force")
+    assert r.code == 1
+    assert (out / "nmtkit.json").read_bytes() == before and (out / "marker").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    monkeypatch.undo()
+    # --force: replaced whole (nothing of the old directory left), no leftovers beside it
+    r = run_cli("export", data, "--path", wm["pre"], "--output", out, "--force")
+    assert r.code == 0, r
+    assert not (out / "marker").exists()
+    assert json.loads((out / "nmtkit.json").read_text())["checkpoint"]["file"] == str(wm["pre"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
