@@ -87,16 +87,11 @@ class GenerateOptions:
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting (the search's own are
         SearchConfig's, checked when it is made)."""
-        s = self.search
-        if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
-            raise UserError("--topk, --topp and --temperature apply only with --sampling")
-        export = check_model_paths(self.paths, self.data_dir, self.ema)
+        export = check_model_options(self)
         if export is not None:
             self._validate_export(export)
         if self.format not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.precision not in PRECISIONS:
-            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.input is not None and self.gen_subset is not None:
             raise UserError("--input and --gen-subset exclude each other (raw text or a binarized split)")
         for flag, v in (("--max-tokens", self.max_tokens), ("--batch-size", self.batch_size)):
@@ -104,8 +99,6 @@ class GenerateOptions:
                 raise UserError(f"{flag} must be >= 1, got {v}")
         if self.buffer_size < 1:
             raise UserError(f"--buffer-size must be >= 1, got {self.buffer_size}")
-        if self.threads < 0:
-            raise UserError(f"--threads must be >= 0 (0 = torch's default), got {self.threads}")
 
 
     def _validate_export(self, export: str) -> None:
@@ -122,18 +115,33 @@ def search_flag_defaults(values: dict) -> dict:
     on the data directory (50, or 300 for a parsing data directory: `default_max_len_b`), and an
     --early-stop not given is `bound`, or `beam` on an export directory (CTranslate2's rule).
     `values` holds the command's flag values: `search`, `paths` and `data_dir` (generate, serve)."""
-    search = dict(values["search"])
+    flags = dict(values["search"])
     export = export_path(values["paths"])
-    if search["max_len_b"] is None:
+    if flags["max_len_b"] is None:
         if export is not None:
             from nmtkit.export.directory import load_export
 
-            search["max_len_b"] = default_search(load_export(export)["data"]).max_len_b
+            flags["max_len_b"] = default_search(load_export(export)["data"]).max_len_b
         elif values["data_dir"] is not None:
-            search["max_len_b"] = default_max_len_b(values["data_dir"])
-    if search["early_stop"] is None and export is not None:
-        search["early_stop"] = "beam"
-    return search
+            flags["max_len_b"] = default_max_len_b(values["data_dir"])
+    if flags["early_stop"] is None and export is not None:
+        flags["early_stop"] = "beam"
+    return flags
+
+
+def check_model_options(opts) -> str | None:
+    """The checks that generate and serve share (`opts` has their model and search fields): the
+    sampling-only flags, the model paths (`check_model_paths`), --precision and --threads.
+    Returns the export directory among --path, or None."""
+    s = opts.search
+    if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
+        raise UserError("--topk, --topp and --temperature apply only with --sampling")
+    export = check_model_paths(opts.paths, opts.data_dir, opts.ema)
+    if opts.precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {opts.precision!r}")
+    if opts.threads < 0:
+        raise UserError(f"--threads must be >= 0 (0 = torch's default), got {opts.threads}")
+    return export
 
 
 def check_model_paths(paths, data_dir: str | None, ema: bool) -> str | None:

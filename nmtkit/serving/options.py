@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmtkit.errors import UserError
-from nmtkit.generation.generator import GenerateOptions, check_model_paths, search_flag_defaults
+from nmtkit.generation.generator import GenerateOptions, check_model_options, search_flag_defaults
 from nmtkit.generation.search import SearchConfig
-from nmtkit.models.loading import PRECISIONS
 from nmtkit.settings import construct, group, same_setting, setting
 
 SERVER = "Server"
@@ -51,14 +50,7 @@ class ServeOptions:
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting (the search's own are
         SearchConfig's, checked when it is made)."""
-        s = self.search
-        if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
-            raise UserError("--topk, --topp and --temperature apply only with --sampling")
-        check_model_paths(self.paths, self.data_dir, self.ema)
-        if self.precision not in PRECISIONS:
-            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.threads < 0:
-            raise UserError(f"--threads must be >= 0 (0 = torch's default), got {self.threads}")
+        check_model_options(self)
         if not 0 <= self.port <= 65535:
             raise UserError(f"--port must be in 0..65535, got {self.port}")
         for flag, v in (("--max-batch-sentences", self.max_batch_sentences), ("--max-queue", self.max_queue),
@@ -73,5 +65,5 @@ class ServeOptions:
         if self.max_request_sentences > self.max_queue:
             raise UserError(f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue "
                             f"{self.max_queue}: such a request could never be queued")
-        if s.beam > self.max_beam:
-            raise UserError(f"--beam {s.beam} exceeds --max-beam {self.max_beam}")
+        if self.search.beam > self.max_beam:
+            raise UserError(f"--beam {self.search.beam} exceeds --max-beam {self.max_beam}")
