@@ -79,19 +79,20 @@ def load_models(
     models, configs = [], []
     max_src = max_tgt = math.inf
     for p in paths:
-        state = load_checkpoint(p)
+        # mapped, not read: a training checkpoint's optimizer state is never touched
+        state = load_checkpoint(p, mmap=True)
         check_same_dictionaries(
             state, f"--path {p}", expected, "it cannot translate with this data directory's dictionaries"
         )
         cfg = ArchConfig.from_dict(state["arch_config"])
-        model = build_model(cfg, src_dict, tgt_dict)
         weights = state["model"]
         if ema:
             if state.get("ema") is None:
                 raise UserError(f"--ema: {p} holds no EMA weights (train with EMA, or drop --ema)")
             weights = state["ema"]
         try:
-            model.load_state_dict(weights)
+            # the checkpoint's own tensors become the parameters: no random init, no copy
+            model = Transformer.from_state_dict(cfg, len(src_dict), len(tgt_dict), weights, pad_idx=src_dict.pad)
         except RuntimeError as e:
             first = str(e).strip().splitlines()[0]
             raise UserError(f"--path {p}: weights do not fit its own architecture config: {first}") from None

@@ -50,6 +50,14 @@ def _cached_sinusoid_table(max_positions: int, d_model: int) -> Tensor:
     return sinusoid_table(max_positions, d_model)
 
 
+def _normal_(weight: Tensor, std: float) -> None:
+    """N(0, std^2) init, skipped on the meta device (`Transformer.from_state_dict`), where there
+    is nothing to fill and torch routes normal_ through code that imports torch._dynamo (1.5 s
+    added to every start, measured)."""
+    if not weight.is_meta:
+        nn.init.normal_(weight, mean=0.0, std=std)
+
+
 class PositionalEncoding(nn.Module):
     """Position vectors for positions [offset, offset + length): sinusoidal or learned."""
 
@@ -67,7 +75,7 @@ class PositionalEncoding(nn.Module):
         """Learned: N(0, d^-1/2); sinusoidal: (re)fill the table (e.g. after `to_empty`)."""
         with torch.no_grad():
             if self.learned:
-                nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
+                _normal_(self.weight, std=self.d_model**-0.5)
             elif self.table.device.type != "meta":
                 self.table.copy_(_cached_sinusoid_table(self.max_positions, self.d_model))
 
@@ -290,7 +298,7 @@ class Transformer(nn.Module):
         if cfg.share_embeddings in ("all", "decoder"):
             self.out_proj.weight = self.tgt_embed.weight
         else:
-            nn.init.normal_(self.out_proj.weight, mean=0.0, std=d**-0.5)
+            _normal_(self.out_proj.weight, std=d**-0.5)
 
         self.src_pos = PositionalEncoding(cfg.max_source_positions, d, cfg.learned_pos, "source")
         self.tgt_pos = PositionalEncoding(cfg.max_target_positions, d, cfg.learned_pos, "target")
@@ -300,12 +308,39 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(d) if cfg.normalize_before else None
         self.decoder_norm = nn.LayerNorm(d) if cfg.normalize_before else None
 
+    @classmethod
+    def from_state_dict(cls, cfg: ArchConfig, src_vocab_size: int, tgt_vocab_size: int, state_dict: dict,
+                        pad_idx: int = 0) -> "Transformer":
+        """A model whose parameters are `state_dict`'s tensors themselves (no copy, no init).
+
+        Why: building a model the usual way draws random weights that loading then overwrites,
+        and `load_state_dict` copies every tensor once more; for inference both are wasted work
+        at start-up (and a second copy of the weights in memory). The model is built on the meta
+        device (no storage), the tensors are assigned, the tied matrices are tied again (the
+        assignment gives each name its own Parameter) and the sinusoid tables, which checkpoints
+        do not carry, are computed. Raises RuntimeError (from load_state_dict) when the tensors
+        do not fit `cfg`.
+        """
+        with torch.device("meta"):
+            model = cls(cfg, src_vocab_size, tgt_vocab_size, pad_idx=pad_idx)
+        model.load_state_dict(state_dict, assign=True)
+        if cfg.share_embeddings in ("all", "decoder"):
+            model.out_proj.weight = model.tgt_embed.weight
+        for pe in (model.src_pos, model.tgt_pos):
+            if not pe.learned:
+                pe.table = torch.empty(pe.max_positions, pe.d_model)
+                pe.reset_parameters()
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if left:  # every tensor must have come from state_dict (strict loading ensures it)
+            raise RuntimeError(f"tensors left without values: {', '.join(left)}")
+        return model
+
     @staticmethod
     def _embedding(vocab: int, d: int, pad_idx: int) -> nn.Embedding:
         emb = uninitialized(nn.Embedding, vocab, d, padding_idx=pad_idx)
         # N(0, d^-1/2): after the sqrt(d) scaling the embeddings have unit variance, and as the
         # (shared) output projection the initial logits stay O(1) (tensor2tensor, fairseq).
-        nn.init.normal_(emb.weight, mean=0.0, std=d**-0.5)
+        _normal_(emb.weight, std=d**-0.5)
         with torch.no_grad():
             emb.weight[pad_idx].zero_()
         return emb
