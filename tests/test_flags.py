@@ -118,6 +118,7 @@ EXPECTED = {
         "--buffer-size": (10000, None),
         "--device": ('auto', None),
         "--precision": ('fp32', None),
+        "--quantize": ('none', None),
         "--threads": (0, None),
         "--seed": (None, None),
         "--ema": (False, None),

@@ -4,7 +4,8 @@ Why: the decoding loop and the decoder's incremental step are optimised for spee
 search tests check exactness against brute force and a plain reference, but only this one
 checks that the fp32 hypotheses (tokens, and scores to 1e-5) did not move at all, on real
 Transformers of several shapes, beams 1/4/5, n-best lists, ensembles, both length-penalty
-forms, the early-stopping rules, the per-step rules and seeded sampling.
+forms, the early-stopping rules, the per-step rules and seeded sampling; with torch's linear
+layers and with the prepacked fp32 ones that decoding uses on CPU.
 
 The models are small Transformers trained for a few seconds to reverse sequences, stored as
 weights (tests/golden/search_models.pt, rounded to fp16 values to halve the file; they are
@@ -142,10 +143,20 @@ def run_case(models: dict, names: list[str], settings: dict) -> list[list[dict]]
             for hyps in out]
 
 
-@pytest.fixture(scope="module")
-def models():
+@pytest.fixture(scope="module", params=["torch", "packed"])
+def models(request):
+    """The models as built (torch's nn.Linear), and with the prepacked oneDNN fp32 linear layers
+    that `nmtkit generate` and the Translator use on CPU (nmtkit.models.quantize)."""
+    from nmtkit.models.quantize import convert_linears, packing_available
+
     torch.set_num_threads(1)
-    return load_models()
+    ms = load_models()
+    if request.param == "packed":
+        if not packing_available():
+            pytest.skip("this torch build has no oneDNN")
+        for m in ms.values():
+            convert_linears(m, "packed")
+    return ms
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ class LoadedModels:
 def load_models(
     paths: str | os.PathLike | Sequence[str | os.PathLike], src_dict, tgt_dict,
     device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32, ema: bool = False,
-    langs: tuple[str, str] | None = None,
+    langs: tuple[str, str] | None = None, quantize: str | None = None, prepack: bool = False,
 ) -> LoadedModels:
     """Build each checkpoint's Transformer, refusing dictionaries (or languages) that differ from the data dir's.
 
@@ -63,7 +63,14 @@ def load_models(
     ("fp32", "bf16", "fp16"); `langs`: the data directory's (source, target) languages, which
     tell a de->en model from an en->de one when the dictionary is joined (same file both ways).
     Every refusal is a `UserError` of one line naming the checkpoint (as `--path P`).
+
+    `quantize="int8"` (CPU, fp32 only) and `prepack=True` (CPU, fp32) replace the linear layers by
+    the inference-only kernels of `nmtkit.models.quantize` (int8, or oneDNN with prepacked fp32
+    weights): what decoding wants, but such models have no linear weights in their state_dict,
+    so consumers of the weights themselves (export, inspection) leave both off.
     """
+    from nmtkit.models.quantize import check_quantize, convert_linears, packing_available
+
     from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
 
     if isinstance(paths, (str, os.PathLike)):
@@ -73,6 +80,8 @@ def load_models(
         raise UserError("--path is required (give it several times for an ensemble)")
     dtype = precision_dtype(dtype)
     device = torch.device(device)
+    quantize = check_quantize(quantize, device, dtype)
+    pack = prepack and quantize is None and device.type == "cpu" and dtype == torch.float32 and packing_available()
     expected = {"src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256}
     if langs is not None:
         expected["src_lang"], expected["tgt_lang"] = langs
@@ -98,6 +107,8 @@ def load_models(
             raise UserError(f"--path {p}: weights do not fit its own architecture config: {first}") from None
         del state, weights
         model.eval().to(device=device, dtype=dtype)
+        if quantize is not None or pack:
+            convert_linears(model, quantize or "packed")
         models.append(model)
         configs.append(cfg)
         max_src = min(max_src, cfg.max_source_positions - 1)  # positions include </s>
