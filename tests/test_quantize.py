@@ -179,3 +179,14 @@ def test_translator_quantize(setup):
         check_quantize("int8", torch.device("meta"), torch.float32)
     with pytest.raises(UserError, match="--quantize must be one of"):
         Translator.load(ckpt, data, device="cpu", quantize="fp8")
+
+
+def test_padded_rows_bounds_the_shapes_and_the_waste():
+    from nmtkit.models.quantize import padded_rows
+
+    assert [padded_rows(m) for m in range(1, 17)] == list(range(1, 17))
+    sizes = [padded_rows(m) for m in range(1, 4097)]
+    assert all(m <= p <= 1.125 * m for m, p in zip(range(1, 4097), sizes))
+    for k in range(4, 12):  # at most 8 sizes per doubling
+        assert len({padded_rows(m) for m in range(2**k + 1, 2 ** (k + 1) + 1)}) <= 8
+    assert all(padded_rows(p) == p for p in set(sizes))  # a padded count is its own bucket

@@ -109,6 +109,12 @@ def load_models(
         model.eval().to(device=device, dtype=dtype)
         if quantize is not None or pack:
             convert_linears(model, quantize or "packed")
+            # The converted layers hold copies; what is left still lives in the mapped file,
+            # whose pages read for the conversion would stay resident while any tensor of it
+            # lives: copy the rest (embeddings, norms; 8 MB on the quickstart model) so that
+            # the mapping goes with `state`.
+            for t in model.parameters():
+                t.data = t.data.clone()
         models.append(model)
         configs.append(cfg)
         max_src = min(max_src, cfg.max_source_positions - 1)  # positions include </s>

@@ -58,6 +58,19 @@ def _normal_(weight: Tensor, std: float) -> None:
         nn.init.normal_(weight, mean=0.0, std=std)
 
 
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """A boolean attention mask (True = may attend) as the float that attention adds to the
+    scores (0 or -inf), or None when nothing is masked.
+
+    Why: decoding attends to the same source at every step; given a bool mask, SDPA converts it
+    to exactly this float tensor at every call (a `where` per layer and step), and with no
+    padding (one sentence, or equal lengths) there is nothing to add at all. Same numbers.
+    """
+    if bool(mask.all()):
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 class PositionalEncoding(nn.Module):
     """Position vectors for positions [offset, offset + length): sinusoidal or learned."""
 
@@ -104,7 +117,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.fc1(x))  # (B, T, d_ff)
-        h = F.dropout(h, self.activation_dropout, self.training)
+        if self.training:  # (an eval-mode dropout call is a no-op that still costs a dispatch)
+            h = F.dropout(h, self.activation_dropout, self.training)
         return self.fc2(h)
 
 
@@ -118,7 +132,9 @@ class _Sublayers(nn.Module):
         return norm(x) if self.normalize_before else x
 
     def _post(self, residual: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = residual + F.dropout(y, self.dropout, self.training)
+        if self.training:  # skipped in eval: a no-op call per sub-layer and decoding step
+            y = F.dropout(y, self.dropout, self.training)
+        x = residual + y
         return x if self.normalize_before else norm(x)
 
 
@@ -157,8 +173,9 @@ class DecoderLayer(_Sublayers):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
 
-    def _cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """Encoder-decoder sub-layer: x (N, T, D) attends to k, v (M, h, S, d) with mask (M, 1, 1, S).
+    def _cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Encoder-decoder sub-layer: x (N, T, D) attends to k, v (M, h, S, d) with mask (M, 1, 1, S)
+        (bool, True = may attend, or float added to the scores, or None).
 
         N must be a multiple of M: rows g*i ... g*i + g-1 of x (g = N / M; in beam search, the
         hypotheses of one sentence) attend to memory row i, as one batch of g*T queries, so the
@@ -182,7 +199,7 @@ class DecoderLayer(_Sublayers):
         x = self._cross(x, k, v, memory_mask)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
-    def forward_step(self, x: Tensor, memory: Tensor, memory_mask: Tensor,
+    def forward_step(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None,
                      cache: "LayerCache") -> Tensor:
         """One new position: x (N, 1, D) -> (N, 1, D), using and growing `cache`.
 
@@ -196,7 +213,8 @@ class DecoderLayer(_Sublayers):
             k, v = self.cross_attn.project_kv(memory)  # strided views of one projection
             cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()  # read every step
             cache.cross_mask = memory_mask
-        x = self._cross(x, cache.cross_k, cache.cross_v, cache.cross_mask)
+            cache.cross_bias = additive_mask(memory_mask, k.dtype)
+        x = self._cross(x, cache.cross_k, cache.cross_v, cache.cross_bias)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
 
@@ -230,6 +248,8 @@ class LayerCache:
         self.cross_k: Tensor | None = None  # (M, h, S, d_k)
         self.cross_v: Tensor | None = None  # (M, h, S, d_v)
         self.cross_mask: Tensor | None = None  # (M, 1, 1, S) bool, True = a real source token
+        # what attention adds to the scores: 0 / -inf, or None when no row has padding
+        self.cross_bias: Tensor | None = None  # (M, 1, 1, S) float
 
 
 class DecoderCache:
@@ -269,6 +289,8 @@ class DecoderCache:
             lc.cross_k = lc.cross_k.index_select(0, memory_order)
             lc.cross_v = lc.cross_v.index_select(0, memory_order)
             lc.cross_mask = lc.cross_mask.index_select(0, memory_order)
+            if lc.cross_bias is not None:
+                lc.cross_bias = lc.cross_bias.index_select(0, memory_order)
 
 
 class Transformer(nn.Module):
@@ -400,8 +422,10 @@ class Transformer(nn.Module):
         """
         pos = cache.length
         x = self.tgt_embed(prev_tokens_last) * self.embed_scale + self.tgt_pos(1, offset=pos)
-        x = F.dropout(x, self.cfg.dropout, self.training)  # (B, 1, D)
-        mask = enc.attn_mask
+        if self.training:
+            x = F.dropout(x, self.cfg.dropout, self.training)  # (B, 1, D)
+        # the encoder mask is read at the first step only (then the cache holds what it needs)
+        mask = enc.attn_mask if cache.layers and cache.layers[0].cross_k is None else None
         for layer, lc in zip(self.decoder_layers, cache.layers):
             x = layer.forward_step(x, enc.out, mask, lc)
         cache.length += 1
