@@ -130,6 +130,7 @@ EXPECTED = {
         "--buffer-size": (10000, None),
         "--device": ('auto', None),
         "--precision": ('fp32', None),
+        "--quantize": ('none', None),
         "--threads": (0, None),
         "--seed": (None, None),
         "--ema": (False, None),
@@ -165,6 +166,7 @@ EXPECTED = {
         "--precision": ('fp32', None),
         "--threads": (0, None),
         "--ema": (False, None),
+        "--quantize": ('none', None),
     },
     "preprocess": {
         "--source-lang -s": (None, None),

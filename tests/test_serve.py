@@ -202,6 +202,16 @@ def test_per_request_beam_nbest_lenpen_equal_generate_with_those_flags(server, s
     assert guard != generate_alone(run_cli, data, ckpt, tmp_path, sents)  # guard: the beam does matter
 
 
+def test_quantized_server_answers_what_generate_quantize_int8_gives(setup, run_cli, tmp_path):  # noqa: F811
+    data, ckpt, _, _ = setup
+    sents = POOL[:16]
+    ref = generate_alone(run_cli, data, ckpt, tmp_path, sents, "--quantize", "int8")
+    with running(options(data, ckpt, quantize="int8", max_wait_ms=50)) as (url, _, _):
+        with ThreadPoolExecutor(4) as ex:
+            rs = list(ex.map(lambda i: post(url, {"text": sents[i:i + 4]}), range(0, len(sents), 4)))
+    assert [t for r in rs for t in r.json()["translations"]] == ref
+
+
 def test_empty_inputs_and_empty_requests(server, want):
     url, _, _ = server
     assert post(url, {"text": []}).json() == {"translations": []}

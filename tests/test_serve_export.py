@@ -58,5 +58,7 @@ def test_serve_refuses_a_data_dir_or_ema_beside_an_export(wm, run_cli):  # noqa:
     assert r.code == 2 and "drop DATA_DIR" in r.err and len(r.err.strip().splitlines()) == 1, r
     r = run_cli("serve", "--path", out, "--ema", "--lenpen-form", "fairseq")
     assert r.code == 2 and "drop --ema" in r.err, r
+    r = run_cli("serve", "--path", out, "--quantize", "int8", "--lenpen-form", "fairseq")
+    assert r.code == 2 and "nmtkit export --quantization int8" in r.err, r
     r = run_cli("serve", "--path", str(wm["post"]))
     assert r.code == 2 and "missing DATA_DIR" in r.err, r

@@ -46,6 +46,7 @@ from nmtkit.generation.translator import (  # noqa: F401 - Item ... collate_sour
     prepare_runtime,
 )
 from nmtkit.models.loading import PRECISIONS, LoadedModels, load_models  # noqa: F401 - re-exported
+from nmtkit.models.quantize import QUANTIZE_CHOICES
 from nmtkit.settings import construct, group, negate, setting
 
 FORMATS = ("plain", "fairseq")
@@ -73,6 +74,7 @@ class GenerateOptions:
     buffer_size: int = setting(10000, flag="--buffer-size", help="Sentences read, sorted and translated at a time (1 for interactive use).")
     device: str = setting("auto", flag="--device", help="auto, cpu, cuda, cuda:N or mps.")
     precision: str = setting("fp32", flag="--precision", help="fp32, bf16 or fp16 (weights and activations; scores in fp32).")
+    quantize: str = setting("none", flag="--quantize", help="int8: int8 linear layers on CPU (faster, scores in fp32; a small BLEU cost, docs/generate.md); none: the model's fp32 weights.")
     threads: int = setting(0, flag="--threads", help="CPU threads for torch (0 = torch's default).")
     seed: int | None = setting(None, flag="--seed", help="Random seed (sampling).")
     ema: bool = setting(False, flag="--ema", help="Use the checkpoints' EMA weights instead of the raw weights.")
@@ -131,7 +133,7 @@ def search_flag_defaults(values: dict) -> dict:
 
 def check_model_options(opts) -> str | None:
     """The checks that generate and serve share (`opts` has their model and search fields): the
-    sampling-only flags, the model paths (`check_model_paths`), --precision and --threads.
+    sampling-only flags, the model paths (`check_model_paths`), --precision, --threads and --quantize.
     Returns the export directory among --path, or None."""
     s = opts.search
     if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
@@ -141,6 +143,13 @@ def check_model_options(opts) -> str | None:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {opts.precision!r}")
     if opts.threads < 0:
         raise UserError(f"--threads must be >= 0 (0 = torch's default), got {opts.threads}")
+    if opts.quantize not in QUANTIZE_CHOICES:
+        raise UserError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {opts.quantize!r}")
+    if opts.quantize != "none" and export is not None:
+        raise UserError(f"--quantize: {export} runs with the weight type chosen when it was exported; export "
+                        "with nmtkit export --quantization int8 (or int8_float32) instead, and drop --quantize")
+    if opts.quantize != "none" and opts.precision != "fp32":
+        raise UserError(f"--quantize {opts.quantize} works from fp32 weights; drop --precision {opts.precision}")
     return export
 
 
@@ -336,7 +345,8 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     else:
         device, dtype = prepare_runtime(opts.device, opts.precision, opts.threads, warn)
         _check_output_path(opts)
-        tr = Translator.open(opts.paths, opts.data_dir, device, dtype, ema=opts.ema, max_tokens=opts.max_tokens,
+        tr = Translator.open(opts.paths, opts.data_dir, device, dtype, ema=opts.ema, quantize=opts.quantize,
+                             max_tokens=opts.max_tokens,
                              batch_size=opts.batch_size, warn=warn, search=cfg)
     manifest, src_dict, tgt_dict = tr.manifest, tr.src_dict, tr.tgt_dict
 

@@ -279,7 +279,7 @@ class Translator:
     @classmethod
     def load(cls, path: str | os.PathLike | Sequence[str | os.PathLike], data_dir: str | os.PathLike | None = None, *,
              device: str | torch.device = "auto", precision: str = "fp32", ema: bool = False, threads: int = 0,
-             max_tokens: int | None = None, batch_size: int | None = None,
+             max_tokens: int | None = None, batch_size: int | None = None, quantize: str | None = None,
              warn: Callable[[str], None] | None = None, search: SearchConfig | None = None,
              **search_settings) -> Translator:
         """Load checkpoint `path` (or a list of them: an ensemble) for the data directory it was trained on.
@@ -288,7 +288,9 @@ class Translator:
         the language pair), and its subword models segment the input and detokenize the output.
         `device`: auto, cpu, cuda, cuda:N or mps; `precision`: fp32, bf16 or fp16; `ema`: the
         checkpoints' EMA weights; `threads`: torch's CPU threads (0 = leave torch's choice; this
-        is process-wide). `max_tokens` / `batch_size`: batch limits (default 128 sentences).
+        is process-wide). `quantize`: "int8" for int8 linear layers on CPU (faster; scores stay
+        fp32; docs/generate.md gives the BLEU cost), None or "none" for the model's own weights.
+        `max_tokens` / `batch_size`: batch limits (default 128 sentences).
         `warn`: where warnings go (default: stderr). `search_settings`: SearchConfig's fields
         (beam, lenpen, lenpen_form, max_len_a, max_len_b, min_len, no_repeat_ngram_size,
         unk_penalty, nbest, early_stop, sampling, topk, topp, temperature, seed, max_len_cap),
@@ -305,6 +307,9 @@ class Translator:
             if data_dir is not None or len(paths) > 1:
                 raise UserError(f"{exported[0]} is an export directory: it carries its own dictionaries and "
                                 "subword models; load it alone, without data_dir (no ensembles of exports)")
+            if quantize not in (None, "none"):
+                raise UserError(f"quantize: {exported[0]} runs with the weight type chosen when it was exported "
+                                "(nmtkit export --quantization int8)")
             from nmtkit.generation.ct2_translator import CTranslate2Translator
 
             return CTranslate2Translator.load(paths[0], device=device, precision=precision, ema=ema,
@@ -317,16 +322,19 @@ class Translator:
             )
         warn = warn or warn_stderr
         dev, dtype = prepare_runtime(device, precision, threads, warn)
-        return cls.open(paths, data_dir, dev, dtype, ema=ema, max_tokens=max_tokens, batch_size=batch_size,
+        return cls.open(paths, data_dir, dev, dtype, ema=ema, quantize=quantize, max_tokens=max_tokens, batch_size=batch_size,
                         warn=warn, search=search, **search_settings)
 
     @classmethod
     def open(cls, paths: Sequence[str], data_dir: str | os.PathLike, device: torch.device, dtype: torch.dtype, *,
-             ema: bool = False, max_tokens: int | None = None, batch_size: int | None = None,
-             warn: Callable[[str], None] | None = None, search: SearchConfig | None = None,
-             **search_settings) -> Translator:
+             ema: bool = False, quantize: str | None = None, max_tokens: int | None = None,
+             batch_size: int | None = None, warn: Callable[[str], None] | None = None,
+             search: SearchConfig | None = None, **search_settings) -> Translator:
         """`load` without its process-wide set-up (threads, device check): for callers that did it
-        already, as `nmtkit generate` does. `device` is a resolved torch.device."""
+        already, as `nmtkit generate` does. `device` is a resolved torch.device.
+
+        On CPU the linear layers get prepacked fp32 kernels (or int8 ones with `quantize`):
+        nmtkit.models.quantize."""
         from nmtkit.data.manifest import load_dictionaries, load_manifest
         from nmtkit.data.subwords import load_subword_model
 
@@ -335,7 +343,8 @@ class Translator:
         cfg = apply_search_settings(search if search is not None else default_search(manifest), search_settings)
         src_dict, tgt_dict = load_dictionaries(data_dir, manifest)
         tgt_subword = load_subword_model(data_dir, tgt_lang)
-        loaded = load_models(list(paths), src_dict, tgt_dict, device, dtype, ema=ema, langs=(src_lang, tgt_lang))
+        loaded = load_models(list(paths), src_dict, tgt_dict, device, dtype, ema=ema, langs=(src_lang, tgt_lang),
+                             quantize=quantize, prepack=True)
         return cls(loaded, data_dir=str(data_dir), manifest=manifest, src_dict=src_dict, tgt_dict=tgt_dict,
                    tgt_subword=tgt_subword, device=device, search=cfg, max_tokens=max_tokens,
                    batch_size=batch_size, warn=warn)

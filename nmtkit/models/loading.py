@@ -94,7 +94,7 @@ class LoadedModels:
 def load_models(
     paths: str | os.PathLike | Sequence[str | os.PathLike], src_dict, tgt_dict,
     device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32, ema: bool = False,
-    langs: tuple[str, str] | None = None,
+    langs: tuple[str, str] | None = None, quantize: str | None = None, prepack: bool = False,
 ) -> LoadedModels:
     """Build each checkpoint's Transformer, refusing dictionaries (or languages) that differ from the data dir's.
 
@@ -102,7 +102,14 @@ def load_models(
     ("fp32", "bf16", "fp16"); `langs`: the data directory's (source, target) languages, which
     tell a de->en model from an en->de one when the dictionary is joined (same file both ways).
     Every refusal is a `UserError` of one line naming the checkpoint (as `--path P`).
+
+    `quantize="int8"` (CPU, fp32 only) and `prepack=True` (CPU, fp32) replace the linear layers by
+    the inference-only kernels of `nmtkit.models.quantize` (int8, or oneDNN with prepacked fp32
+    weights): what decoding wants, but such models have no linear weights in their state_dict,
+    so consumers of the weights themselves (export, inspection) leave both off.
     """
+    from nmtkit.models.quantize import check_quantize, convert_linears, packing_available
+
     from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
 
     if isinstance(paths, (str, os.PathLike)):
@@ -112,13 +119,16 @@ def load_models(
         raise UserError("--path is required (give it several times for an ensemble)")
     dtype = precision_dtype(dtype)
     device = torch.device(device)
+    quantize = check_quantize(quantize, device, dtype)
+    pack = prepack and quantize is None and device.type == "cpu" and dtype == torch.float32 and packing_available()
     expected = {"src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256}
     if langs is not None:
         expected["src_lang"], expected["tgt_lang"] = langs
     models, configs = [], []
     max_src = max_tgt = math.inf
     for p in paths:
-        state = load_checkpoint(p)
+        # mapped, not read: a training checkpoint's optimizer state is never touched
+        state = load_checkpoint(p, mmap=True)
         check_same_dictionaries(
             state, f"--path {p}", expected, "it cannot translate with this data directory's dictionaries"
         )
@@ -129,14 +139,22 @@ def load_models(
                 raise UserError(f"--ema: {p} holds no EMA weights (train with EMA, or drop --ema)")
             weights = state["ema"]
         check_weights(weights, cfg, len(src_dict), len(tgt_dict), f"--path {p}", pad_idx=src_dict.pad)
-        model = build_model(cfg, src_dict, tgt_dict)
         try:
-            model.load_state_dict(weights)
+            # the checkpoint's own tensors become the parameters: no random init, no copy
+            model = Transformer.from_state_dict(cfg, len(src_dict), len(tgt_dict), weights, pad_idx=src_dict.pad)
         except RuntimeError as e:
             first = str(e).strip().splitlines()[0]
             raise UserError(f"--path {p}: weights do not fit its own architecture config: {first}") from None
         del state, weights
         model.eval().to(device=device, dtype=dtype)
+        if quantize is not None or pack:
+            convert_linears(model, quantize or "packed")
+            # The converted layers hold copies; what is left still lives in the mapped file,
+            # whose pages read for the conversion would stay resident while any tensor of it
+            # lives: copy the rest (embeddings, norms; 8 MB on the quickstart model) so that
+            # the mapping goes with `state`.
+            for t in model.parameters():
+                t.data = t.data.clone()
         models.append(model)
         configs.append(cfg)
         max_src = min(max_src, cfg.max_source_positions - 1)  # positions include </s>

@@ -50,6 +50,27 @@ def _cached_sinusoid_table(max_positions: int, d_model: int) -> Tensor:
     return sinusoid_table(max_positions, d_model)
 
 
+def _normal_(weight: Tensor, std: float) -> None:
+    """N(0, std^2) init, skipped on the meta device (`Transformer.from_state_dict`), where there
+    is nothing to fill and torch routes normal_ through code that imports torch._dynamo (1.5 s
+    added to every start, measured)."""
+    if not weight.is_meta:
+        nn.init.normal_(weight, mean=0.0, std=std)
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """A boolean attention mask (True = may attend) as the float that attention adds to the
+    scores (0 or -inf), or None when nothing is masked.
+
+    Why: decoding attends to the same source at every step; given a bool mask, SDPA converts it
+    to exactly this float tensor at every call (a `where` per layer and step), and with no
+    padding (one sentence, or equal lengths) there is nothing to add at all. Same numbers.
+    """
+    if bool(mask.all()):
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 class PositionalEncoding(nn.Module):
     """Position vectors for positions [offset, offset + length): sinusoidal or learned."""
 
@@ -67,7 +88,7 @@ class PositionalEncoding(nn.Module):
         """Learned: N(0, d^-1/2); sinusoidal: (re)fill the table (e.g. after `to_empty`)."""
         with torch.no_grad():
             if self.learned:
-                nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
+                _normal_(self.weight, std=self.d_model**-0.5)
             elif self.table.device.type != "meta":
                 self.table.copy_(_cached_sinusoid_table(self.max_positions, self.d_model))
 
@@ -96,7 +117,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.fc1(x))  # (B, T, d_ff)
-        h = F.dropout(h, self.activation_dropout, self.training)
+        if self.training:  # (an eval-mode dropout call is a no-op that still costs a dispatch)
+            h = F.dropout(h, self.activation_dropout, self.training)
         return self.fc2(h)
 
 
@@ -110,7 +132,9 @@ class _Sublayers(nn.Module):
         return norm(x) if self.normalize_before else x
 
     def _post(self, residual: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = residual + F.dropout(y, self.dropout, self.training)
+        if self.training:  # skipped in eval: a no-op call per sub-layer and decoding step
+            y = F.dropout(y, self.dropout, self.training)
+        x = residual + y
         return x if self.normalize_before else norm(x)
 
 
@@ -149,8 +173,9 @@ class DecoderLayer(_Sublayers):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
 
-    def _cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """Encoder-decoder sub-layer: x (N, T, D) attends to k, v (M, h, S, d) with mask (M, 1, 1, S).
+    def _cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Encoder-decoder sub-layer: x (N, T, D) attends to k, v (M, h, S, d) with mask (M, 1, 1, S)
+        (bool, True = may attend, or float added to the scores, or None).
 
         N must be a multiple of M: rows g*i ... g*i + g-1 of x (g = N / M; in beam search, the
         hypotheses of one sentence) attend to memory row i, as one batch of g*T queries, so the
@@ -174,7 +199,7 @@ class DecoderLayer(_Sublayers):
         x = self._cross(x, k, v, memory_mask)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
-    def forward_step(self, x: Tensor, memory: Tensor, memory_mask: Tensor,
+    def forward_step(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None,
                      cache: "LayerCache") -> Tensor:
         """One new position: x (N, 1, D) -> (N, 1, D), using and growing `cache`.
 
@@ -188,7 +213,8 @@ class DecoderLayer(_Sublayers):
             k, v = self.cross_attn.project_kv(memory)  # strided views of one projection
             cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()  # read every step
             cache.cross_mask = memory_mask
-        x = self._cross(x, cache.cross_k, cache.cross_v, cache.cross_mask)
+            cache.cross_bias = additive_mask(memory_mask, k.dtype)
+        x = self._cross(x, cache.cross_k, cache.cross_v, cache.cross_bias)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
 
@@ -222,6 +248,8 @@ class LayerCache:
         self.cross_k: Tensor | None = None  # (M, h, S, d_k)
         self.cross_v: Tensor | None = None  # (M, h, S, d_v)
         self.cross_mask: Tensor | None = None  # (M, 1, 1, S) bool, True = a real source token
+        # what attention adds to the scores: 0 / -inf, or None when no row has padding
+        self.cross_bias: Tensor | None = None  # (M, 1, 1, S) float
 
 
 class DecoderCache:
@@ -261,6 +289,8 @@ class DecoderCache:
             lc.cross_k = lc.cross_k.index_select(0, memory_order)
             lc.cross_v = lc.cross_v.index_select(0, memory_order)
             lc.cross_mask = lc.cross_mask.index_select(0, memory_order)
+            if lc.cross_bias is not None:
+                lc.cross_bias = lc.cross_bias.index_select(0, memory_order)
 
 
 class Transformer(nn.Module):
@@ -290,7 +320,7 @@ class Transformer(nn.Module):
         if cfg.share_embeddings in ("all", "decoder"):
             self.out_proj.weight = self.tgt_embed.weight
         else:
-            nn.init.normal_(self.out_proj.weight, mean=0.0, std=d**-0.5)
+            _normal_(self.out_proj.weight, std=d**-0.5)
 
         self.src_pos = PositionalEncoding(cfg.max_source_positions, d, cfg.learned_pos, "source")
         self.tgt_pos = PositionalEncoding(cfg.max_target_positions, d, cfg.learned_pos, "target")
@@ -300,12 +330,39 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(d) if cfg.normalize_before else None
         self.decoder_norm = nn.LayerNorm(d) if cfg.normalize_before else None
 
+    @classmethod
+    def from_state_dict(cls, cfg: ArchConfig, src_vocab_size: int, tgt_vocab_size: int, state_dict: dict,
+                        pad_idx: int = 0) -> "Transformer":
+        """A model whose parameters are `state_dict`'s tensors themselves (no copy, no init).
+
+        Why: building a model the usual way draws random weights that loading then overwrites,
+        and `load_state_dict` copies every tensor once more; for inference both are wasted work
+        at start-up (and a second copy of the weights in memory). The model is built on the meta
+        device (no storage), the tensors are assigned, the tied matrices are tied again (the
+        assignment gives each name its own Parameter) and the sinusoid tables, which checkpoints
+        do not carry, are computed. Raises RuntimeError (from load_state_dict) when the tensors
+        do not fit `cfg`.
+        """
+        with torch.device("meta"):
+            model = cls(cfg, src_vocab_size, tgt_vocab_size, pad_idx=pad_idx)
+        model.load_state_dict(state_dict, assign=True)
+        if cfg.share_embeddings in ("all", "decoder"):
+            model.out_proj.weight = model.tgt_embed.weight
+        for pe in (model.src_pos, model.tgt_pos):
+            if not pe.learned:
+                pe.table = torch.empty(pe.max_positions, pe.d_model)
+                pe.reset_parameters()
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if left:  # every tensor must have come from state_dict (strict loading ensures it)
+            raise RuntimeError(f"tensors left without values: {', '.join(left)}")
+        return model
+
     @staticmethod
     def _embedding(vocab: int, d: int, pad_idx: int) -> nn.Embedding:
         emb = uninitialized(nn.Embedding, vocab, d, padding_idx=pad_idx)
         # N(0, d^-1/2): after the sqrt(d) scaling the embeddings have unit variance, and as the
         # (shared) output projection the initial logits stay O(1) (tensor2tensor, fairseq).
-        nn.init.normal_(emb.weight, mean=0.0, std=d**-0.5)
+        _normal_(emb.weight, std=d**-0.5)
         with torch.no_grad():
             emb.weight[pad_idx].zero_()
         return emb
@@ -365,8 +422,10 @@ class Transformer(nn.Module):
         """
         pos = cache.length
         x = self.tgt_embed(prev_tokens_last) * self.embed_scale + self.tgt_pos(1, offset=pos)
-        x = F.dropout(x, self.cfg.dropout, self.training)  # (B, 1, D)
-        mask = enc.attn_mask
+        if self.training:
+            x = F.dropout(x, self.cfg.dropout, self.training)  # (B, 1, D)
+        # the encoder mask is read at the first step only (then the cache holds what it needs)
+        mask = enc.attn_mask if cache.layers and cache.layers[0].cross_k is None else None
         for layer, lc in zip(self.decoder_layers, cache.layers):
             x = layer.forward_step(x, enc.out, mask, lc)
         cache.length += 1

@@ -40,6 +40,7 @@ class ServeOptions:
     precision: str = same_setting(GenerateOptions, "precision")
     threads: int = same_setting(GenerateOptions, "threads")
     ema: bool = same_setting(GenerateOptions, "ema")
+    quantize: str = same_setting(GenerateOptions, "quantize")
 
     @classmethod
     def from_flags(cls, values: dict) -> "ServeOptions":

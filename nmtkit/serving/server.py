@@ -63,9 +63,11 @@ def load_translator(opts: ServeOptions, warn: Callable[[str], None]) -> Any:
     from nmtkit.generation.translator import Translator
 
     path = opts.paths[0] if len(opts.paths) == 1 else opts.paths
+    # an export directory (data_dir None) has its weight type fixed at export: no --quantize
+    extra = {"quantize": opts.quantize} if opts.data_dir is not None else {}
     return Translator.load(path, opts.data_dir, device=opts.device, precision=opts.precision, ema=opts.ema,
                            threads=opts.threads, batch_size=opts.max_batch_sentences,
-                           max_tokens=opts.max_batch_tokens, warn=warn, search=opts.search)
+                           max_tokens=opts.max_batch_tokens, warn=warn, search=opts.search, **extra)
 
 
 def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) -> dict:

@@ -1,33 +1,37 @@
 #!/usr/bin/env bash
-# Benchmark `nmtkit generate` on Multi30k test_2016_flickr (1,000 sentences, de->en), beam 4, CPU.
+# Benchmark `nmtkit generate` against CTranslate2 on the same weights, on CPU, in one sitting:
+# Multi30k test_2016_flickr (1,000 sentences, de->en), beam 4, length penalty 0.6 (|Y|^alpha, the
+# form CTranslate2 has), fairseq's stopping rule (CTranslate2's), output limit 256.
 #
-#   CKPT=path/to/checkpoint.pt bash recipes/bench/generate.sh
+#   CKPT=path/to/checkpoint.pt DATA=path/to/data bash recipes/bench/generate.sh
 #
-# Prints, for batch sizes 1, 16 and 128: sentences/s and target tokens/s (subwords without </s>)
-# of the whole process and of the search alone, the peak RSS of the process, and sacreBLEU; the
-# median of RUNS runs. Compare with ../shared/anchors (fairseq-generate, CTranslate2 float32) run
-# on the same machine in the same sitting; report ratios, since shared machines drift.
+# The CTranslate2 models are made from CKPT by `nmtkit export --format ctranslate2` (float32, and
+# int8 run as int8_float32) and decoded through CTranslate2's own API
+# (recipes/bench/ct2_translate.py) with the data directory's subword model. For every thread
+# count and batch size, nmtkit fp32, nmtkit --quantize int8, CTranslate2 float32 and int8 run in
+# turn, in a rotating order, RUNS times. Prints sentences/s of the decoding alone and of the
+# process, peak RSS, sacreBLEU and identical lines per row, the ratios nmtkit / CTranslate2, and
+# the start-up time of `printf '' | nmtkit generate DATA --path CKPT --input -`. Results also go to
+# $BENCH_DIR/results.json. On a shared machine, compare within a row (ratios), and report the load.
 #
-#   CKPT=FILE          the model: a trained d_model=256, 3+3-layer Transformer on Multi30k de-en, e.g.
-#                      from `nmtkit train` with --encoder-layers 3 --decoder-layers 3 --d-model 256
-#                      --d-ff 1024 --heads 4 (required)
-#   DATA=DIR           the data directory it was trained on; its `test` split must be
-#                      test_2016_flickr (default: preprocess Multi30k into $BENCH_DIR/data with a joint
-#                      sentencepiece 8k model and a joined dictionary, as the anchors do)
+#   CKPT=FILE          the model (required): e.g. the quickstart's average_last5.pt
+#   DATA=DIR           the data directory it was trained on (default: preprocess Multi30k into
+#                      $BENCH_DIR/data with a joint sentencepiece 8k model and a joined dictionary)
 #   NMTKIT_DATA=DIR    Multi30k folder with train/val/test_2016_flickr .de/.en(.gz)
 #                      (default: ../shared/data/multi30k)
-#   BATCH_SIZES=1,16,128  THREADS=2  RUNS=3  BEAM=4  LENPEN=0.6
-#   LENPEN_FORM=fairseq  the anchors' fairseq-generate and CTranslate2 use |Y|^alpha; gnmt = the paper
-#   EXTRA="..."        more `nmtkit generate` flags (e.g. "--precision bf16")
+#   BATCH_SIZES=1,16,128  THREADS=1,2  RUNS=3  BEAM=4  LENPEN=0.6  LIMIT=0 (first N sentences; 0 = all)
+#   SYSTEMS=nmtkit,nmtkit-int8,ct2,ct2-int8   add "baseline" with BASELINE=DIR (another nmtkit
+#                      checkout, e.g. a worktree of an older commit: its fp32, for before/after)
+#   EXTRA="..."        more `nmtkit generate` flags
 #   BENCH_DIR=DIR      scratch folder (default: ./work/bench_generate)
 #   OMP_WAIT_POLICY=PASSIVE  set it when the machine is busy with other work: OpenMP's default
 #                      spinning then makes THREADS=2 many times slower (docs/generate.md, Speed)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . recipes/lib/env.sh
-nmtkit_env
+nmtkit_env ctranslate2
 if [ -z "${CKPT:-}" ]; then
-    echo "[bench] set CKPT=path/to/checkpoint.pt (a d_model=256 3+3-layer model trained on Multi30k de-en)" >&2
+    echo "[bench] set CKPT=path/to/checkpoint.pt (a model trained on Multi30k de-en, e.g. the quickstart's)" >&2
     exit 2
 fi
 bench=${BENCH_DIR:-$(pwd)/work/bench_generate}
@@ -39,8 +43,9 @@ if [ -z "${DATA:-}" ]; then
     nmtkit preprocess -s de -t en --trainpref "$m30k/train" --validpref "$m30k/val" \
         --testpref "$m30k/test_2016_flickr" --destdir "$DATA" --vocab-size 8000 --joined-dictionary >&2
 fi
-ref=$m30k/test_2016_flickr.en
-[ -f "$ref" ] || ref=$ref.gz
-python recipes/bench/generate_bench.py --data "$DATA" --ckpt "$CKPT" --ref "$ref" --work "$bench" \
-    --batch-sizes "${BATCH_SIZES:-1,16,128}" --threads "${THREADS:-2}" --runs "${RUNS:-3}" \
-    --beam "${BEAM:-4}" --lenpen "${LENPEN:-0.6}" --lenpen-form "${LENPEN_FORM:-fairseq}" --extra "${EXTRA:-}"
+src=$m30k/test_2016_flickr.de; [ -f "$src" ] || src=$src.gz
+ref=$m30k/test_2016_flickr.en; [ -f "$ref" ] || ref=$ref.gz
+python recipes/bench/generate_bench.py --data "$DATA" --ckpt "$CKPT" --src "$src" --ref "$ref" --work "$bench" \
+    --batch-sizes "${BATCH_SIZES:-1,16,128}" --threads "${THREADS:-1,2}" --runs "${RUNS:-3}" \
+    --limit "${LIMIT:-0}" --beam "${BEAM:-4}" --lenpen "${LENPEN:-0.6}" \
+    --systems "${SYSTEMS:-nmtkit,nmtkit-int8,ct2,ct2-int8}" --baseline "${BASELINE:-}" --extra "${EXTRA:-}"

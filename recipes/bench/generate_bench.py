@@ -1,10 +1,15 @@
-"""Benchmark `nmtkit generate` on Multi30k test_2016_flickr (1,000 sentences), beam 4, on CPU.
+"""Benchmark `nmtkit generate` against CTranslate2 on the same weights, in one sitting, on CPU.
 
-For each batch size: sentences/s and target tokens/s of the whole process (start-up, model
-loading and reading included) and of the search alone (the summary line `generate` prints),
-the peak RSS of the process, and sacreBLEU against the raw reference. The median of RUNS runs.
-Target tokens are the subword tokens of the hypotheses without </s> (as in
-../shared/anchors/README.md). Called by recipes/bench/generate.sh, which documents the variables.
+The CTranslate2 model is made from the checkpoint by `nmtkit export --format ctranslate2` (float32
+and int8), and run by recipes/bench/ct2_translate.py through CTranslate2's own API. Both sides
+translate the same raw text (segmented with the data directory's subword model) with the same
+search: beam 4, length penalty 0.6 in the |Y|^alpha form, fairseq's stopping rule
+(`--early-stop beam`, what CTranslate2 does), output limit 256 tokens. For every thread count and
+batch size the systems run in turn, in a rotating order, RUNS times (shared machines drift:
+compare within a row). Reported: sentences/s of the decoding alone (nmtkit's "search only",
+CTranslate2's translate_batch) and of the whole process, peak RSS of the process, sacreBLEU,
+and how many output lines equal nmtkit fp32's; then the ratios, and the start-up time on an empty
+input. Called by recipes/bench/generate.sh, which documents the variables.
 """
 
 from __future__ import annotations
@@ -23,89 +28,217 @@ from pathlib import Path
 SUMMARY = re.compile(
     r"translated ([\d,]+) sentences \(([\d,]+) target tokens\) in [\d.]+s: .* search only ([\d.]+)s"
 )
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]  # the checkout benchmarked (every nmtkit run imports it through PYTHONPATH)
 
 
-def run_once(cmd: list[str], env: dict) -> dict:
-    """Run one `nmtkit generate`; wall time, peak RSS (its own, from wait4) and its summary."""
+def run_timed(cmd: list[str], env: dict, cwd: Path, stdin=None) -> tuple[float, float, str, str]:
+    """(wall seconds, peak RSS MiB (the process's own, from wait4), stdout, stderr) of one process.
+
+    `cwd` is outside any checkout: `python -m nmtkit` puts the working directory first on the
+    path, which would override PYTHONPATH's choice of checkout."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(cmd, stdin=stdin or subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True, cwd=cwd)
+    out = proc.stdout.read()
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        sys.exit(f"[bench] generate failed ({proc.returncode}):\n{err}")
-    m = SUMMARY.search(err)
-    if not m:
-        sys.exit(f"[bench] no summary line in generate's stderr:\n{err}")
-    sents, toks, search_s = int(m.group(1).replace(",", "")), int(m.group(2).replace(",", "")), float(m.group(3))
-    return {"wall_s": wall, "search_s": search_s, "sentences": sents, "tokens": toks,
-            "peak_rss_mib": usage.ru_maxrss / 1024}
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        sys.exit(f"[bench] failed ({code}): {' '.join(cmd)}\n{err[-3000:]}")
+    return wall, usage.ru_maxrss / 1024, out, err
 
 
-def read_ref(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as fh:
         return [line.rstrip("\n") for line in fh]
 
 
+class System:
+    """One thing to time: a command line for a batch size and a thread count."""
+
+    def __init__(self, label: str, make, checkout: Path):
+        self.label, self.make, self.checkout = label, make, checkout
+
+    def env(self, threads: int | None = None) -> dict:
+        env = dict(os.environ, PYTHONPATH=str(self.checkout))
+        if threads is not None:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        return env
+
+    def once(self, bs: int, threads: int, hyp: Path) -> dict:
+        cmd, kind = self.make(bs, threads, hyp)
+        wall, rss, out, err = run_timed(cmd, self.env(threads), hyp.parent)
+        if kind == "nmtkit":
+            m = SUMMARY.search(err)
+            if not m:
+                sys.exit(f"[bench] no summary line from {self.label}:\n{err[-3000:]}")
+            sents, toks, decode = int(m.group(1).replace(",", "")), int(m.group(2).replace(",", "")), float(m.group(3))
+        else:
+            d = json.loads(out.strip().splitlines()[-1])
+            sents, toks, decode = d["sentences"], d["tokens"], d["translate_s"]
+        return {"wall_s": wall, "decode_s": decode, "sentences": sents, "tokens": toks, "peak_rss_mib": rss}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", required=True, help="preprocessed Multi30k de-en data dir (test = test_2016_flickr)")
+    ap.add_argument("--data", required=True, help="preprocessed Multi30k de-en data dir")
     ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--src", required=True, help="raw source text (test_2016_flickr.de[.gz])")
     ap.add_argument("--ref", required=True, help="raw reference (test_2016_flickr.en[.gz]) for BLEU")
     ap.add_argument("--work", required=True)
+    ap.add_argument("--src-lang", default="de")
+    ap.add_argument("--tgt-lang", default="en")
     ap.add_argument("--batch-sizes", default="1,16,128")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--lenpen", type=float, default=0.6)
-    ap.add_argument("--lenpen-form", default="fairseq")
-    ap.add_argument("--extra", default="", help="more generate flags, space-separated")
+    ap.add_argument("--systems", default="nmtkit,nmtkit-int8,ct2,ct2-int8",
+                    help="comma-separated: nmtkit, nmtkit-int8, ct2, ct2-int8, baseline")
+    ap.add_argument("--baseline", default="", help="another nmtkit checkout: its fp32 as system 'baseline'")
+    ap.add_argument("--extra", default="", help="more `nmtkit generate` flags, space-separated")
+    ap.add_argument("--export-pythonpath", default=None,
+                    help="PYTHONPATH for the `nmtkit export` step only (a checkout that has the command)")
     a = ap.parse_args()
 
     import sacrebleu
 
-    work = Path(a.work)
+    # absolute: the runs start in the work folder (see run_timed)
+    a.data, a.ckpt = str(Path(a.data).resolve()), str(Path(a.ckpt).resolve())
+    work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
-    refs = read_ref(Path(a.ref))
+    src_lines = read_lines(Path(a.src))
+    refs = read_lines(Path(a.ref))
+    if a.limit:
+        src_lines, refs = src_lines[: a.limit], refs[: a.limit]
+    src = work / "src.txt"
+    src.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
+    py = sys.executable
+    wanted = [s for s in a.systems.split(",") if s]
+    if "baseline" in wanted and not a.baseline:
+        sys.exit("[bench] system 'baseline' needs --baseline DIR (another nmtkit checkout)")
+
+    search = ["--beam", str(a.beam), "--lenpen", str(a.lenpen), "--lenpen-form", "fairseq",
+              "--early-stop", "beam", "--max-len-a", "0", "--max-len-b", "256"]
+
+    def native(extra: list[str]):
+        def make(bs, threads, hyp):
+            return ([py, "-m", "nmtkit", "generate", a.data, "--path", a.ckpt, "--input", str(src),
+                     "--output", str(hyp), "--device", "cpu", "--threads", str(threads), "--batch-size", str(bs),
+                     *search, *extra, *a.extra.split()], "nmtkit")
+        return make
+
+    exports = {}
+    for q in ("float32", "int8"):
+        if f"ct2{'-int8' if q == 'int8' else ''}" not in wanted:
+            continue
+        out = work / f"ct2_{q}"
+        print(f"[bench] nmtkit export --format ctranslate2 --quantization {q} -> {out}", flush=True)
+        env = dict(os.environ, PYTHONPATH=a.export_pythonpath or str(REPO))
+        r = subprocess.run([py, "-m", "nmtkit", "export", a.data, "--path", a.ckpt, "--format", "ctranslate2",
+                            "--output", str(out), "--quantization", q, "--force"], capture_output=True, text=True,
+                           env=env, cwd=work)
+        if r.returncode != 0:
+            print(f"[bench] no CTranslate2 side: `nmtkit export` failed: {(r.stderr or r.stdout).strip()[-500:]}",
+                  flush=True)
+            wanted = [s for s in wanted if not s.startswith("ct2")]
+            break
+        exports[q] = out
+
+    def ct2(q: str, compute_type: str):
+        def make(bs, threads, hyp):
+            return ([py, str(HERE / "ct2_translate.py"), "--model", str(exports[q]), "--data", a.data,
+                     "--src-lang", a.src_lang, "--tgt-lang", a.tgt_lang, "--input", str(src), "--output", str(hyp),
+                     "--compute-type", compute_type, "--threads", str(threads), "--batch-size", str(bs),
+                     "--beam", str(a.beam), "--lenpen", str(a.lenpen), "--max-len", "256"], "ct2")
+        return make
+
+    catalog = {
+        "nmtkit": lambda: System("nmtkit fp32", native([]), REPO),
+        "nmtkit-int8": lambda: System("nmtkit int8", native(["--quantize", "int8"]), REPO),
+        "ct2": lambda: System("CTranslate2 float32", ct2("float32", "float32"), REPO),
+        "ct2-int8": lambda: System("CTranslate2 int8_float32", ct2("int8", "int8_float32"), REPO),
+        "baseline": lambda: System("nmtkit fp32 (baseline)", native([]), Path(a.baseline).resolve()),
+    }
+    systems = [catalog[s]() for s in wanted]
+    print(f"[bench] load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+
     rows = []
-    outputs = {}
-    for bs in [int(x) for x in a.batch_sizes.split(",")]:
-        hyp = work / f"hyp.b{bs}.txt"
-        cmd = [sys.executable, "-m", "nmtkit", "generate", a.data, "--path", a.ckpt, "--device", "cpu",
-               "--threads", str(a.threads), "--batch-size", str(bs), "--beam", str(a.beam),
-               "--lenpen", str(a.lenpen), "--lenpen-form", a.lenpen_form, "--max-len-a", "1",
-               "--max-len-b", "50", "--output", str(hyp), *a.extra.split()]
-        runs = []
-        for r in range(a.runs):
-            res = run_once(cmd, env)
-            runs.append(res)
-            print(f"[bench] batch {bs} run {r + 1}/{a.runs}: {res['wall_s']:.1f}s process, "
-                  f"{res['search_s']:.1f}s search, {res['peak_rss_mib']:.0f} MiB", flush=True)
-        med = lambda k: statistics.median(x[k] for x in runs)  # noqa: E731
-        hyps = hyp.read_text(encoding="utf-8").splitlines()
-        outputs[bs] = hyps
-        bleu = sacrebleu.corpus_bleu(hyps, [refs]).score if len(hyps) == len(refs) else float("nan")
-        n, toks = runs[0]["sentences"], runs[0]["tokens"]
-        rows.append({"batch_size": bs, "sentences": n, "target_tokens": toks,
-                     "process_s": med("wall_s"), "search_s": med("search_s"),
-                     "process_sent_s": n / med("wall_s"), "search_sent_s": n / med("search_s"),
-                     "process_tok_s": toks / med("wall_s"), "search_tok_s": toks / med("search_s"),
-                     "peak_rss_mib": max(x["peak_rss_mib"] for x in runs), "bleu": bleu, "runs": runs})
-    same = len({tuple(v) for v in outputs.values()}) == 1
+    for threads in [int(x) for x in a.threads.split(",")]:
+        for bs in [int(x) for x in a.batch_sizes.split(",")]:
+            runs: dict[str, list[dict]] = {s.label: [] for s in systems}
+            outputs = {}
+            for r in range(a.runs):
+                order = systems[r % len(systems):] + systems[: r % len(systems)]  # rotate who goes first
+                for s in order:
+                    hyp = work / f"hyp.{re.sub(r'[^a-z0-9]+', '_', s.label.lower())}.t{threads}.b{bs}.txt"
+                    res = s.once(bs, threads, hyp)
+                    runs[s.label].append(res)
+                    outputs[s.label] = hyp.read_text(encoding="utf-8").splitlines()
+                    print(f"[bench] threads {threads} batch {bs} run {r + 1}/{a.runs} {s.label}: "
+                          f"{res['decode_s']:.1f}s decode, {res['wall_s']:.1f}s process, {res['peak_rss_mib']:.0f} MiB",
+                          flush=True)
+            first = outputs[systems[0].label]
+            for s in systems:
+                rs = runs[s.label]
+                med = lambda k: statistics.median(x[k] for x in rs)  # noqa: E731
+                n = rs[0]["sentences"]
+                hyps = outputs[s.label]
+                rows.append({
+                    "threads": threads, "batch_size": bs, "system": s.label, "sentences": n,
+                    "target_tokens": rs[0]["tokens"], "decode_s": med("decode_s"), "process_s": med("wall_s"),
+                    "decode_sent_s": n / med("decode_s"), "process_sent_s": n / med("wall_s"),
+                    "peak_rss_mib": max(x["peak_rss_mib"] for x in rs),
+                    "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score if len(hyps) == len(refs) else float("nan"),
+                    "same_as_first": sum(x == y for x, y in zip(hyps, first)), "runs": rs,
+                })
+
+    startup = []
+    for s in [s for s in systems if s.label in ("nmtkit fp32", "nmtkit fp32 (baseline)")]:
+        cmd = [py, "-m", "nmtkit", "generate", a.data, "--path", a.ckpt, "--input", "-"]
+        walls = []
+        for _ in range(max(a.runs, 3)):
+            with open(os.devnull) as devnull:
+                walls.append(run_timed(cmd, s.env(), work, stdin=devnull)[0])
+        startup.append((s.label, statistics.median(walls)))
+    load_end = os.getloadavg()
+
     print()
-    print(f"nmtkit generate, Multi30k test_2016_flickr de->en, beam {a.beam}, lenpen {a.lenpen} "
-          f"({a.lenpen_form} form), {a.threads} threads, CPU; median of {a.runs} run(s)")
-    print("| batch | sent/s process | sent/s search | tok/s process | tok/s search | peak RSS MiB | BLEU |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"Multi30k test_2016_flickr de->en ({len(src_lines)} sentences), beam {a.beam}, lenpen {a.lenpen} "
+          f"(|Y|^alpha), fairseq stopping, CPU; median of {a.runs} run(s), systems alternating")
+    print("| threads | batch | system | sent/s decode | sent/s process | peak RSS MiB | BLEU | lines = first |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['batch_size']} | {r['process_sent_s']:.1f} | {r['search_sent_s']:.1f} | "
-              f"{r['process_tok_s']:.0f} | {r['search_tok_s']:.0f} | {r['peak_rss_mib']:.0f} | {r['bleu']:.2f} |")
-    print(f"outputs identical across batch sizes: {'yes' if same else 'NO'}")
-    result = {"data": a.data, "ckpt": a.ckpt, "threads": a.threads, "beam": a.beam, "lenpen": a.lenpen,
-              "lenpen_form": a.lenpen_form, "rows": rows, "identical_outputs": same}
+        print(f"| {r['threads']} | {r['batch_size']} | {r['system']} | {r['decode_sent_s']:.1f} | "
+              f"{r['process_sent_s']:.1f} | {r['peak_rss_mib']:.0f} | {r['bleu']:.2f} | {r['same_as_first']} |")
+    by = {(r["threads"], r["batch_size"], r["system"]): r for r in rows}
+    labels = [s.label for s in systems]
+    pairs = [(x, y) for x, y in (("nmtkit fp32", "CTranslate2 float32"), ("nmtkit int8", "CTranslate2 int8_float32"),
+                                 ("nmtkit fp32", "nmtkit fp32 (baseline)")) if x in labels and y in labels]
+    if pairs:
+        print()
+        print("| threads | batch | " + " | ".join(f"{x} / {y}" for x, y in pairs) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in pairs) + " |")
+        for threads, bs in sorted({(r["threads"], r["batch_size"]) for r in rows}):
+            cells = []
+            for x, y in pairs:
+                rx, ry = by[(threads, bs, x)], by[(threads, bs, y)]
+                cells.append(f"{rx['decode_sent_s'] / ry['decode_sent_s']:.2f}x speed, "
+                             f"{rx['peak_rss_mib'] / ry['peak_rss_mib']:.2f}x RSS")
+            print(f"| {threads} | {bs} | " + " | ".join(cells) + " |")
+    for label, wall in startup:
+        print(f"start-up, empty input (`printf '' | nmtkit generate DATA --path CKPT --input -`), {label}: {wall:.2f} s")
+    ct2_loads = [(r["system"], statistics.median(x["wall_s"] - x["decode_s"] for x in r["runs"]))
+                 for r in rows if r["system"].startswith("CTranslate2") and r["batch_size"] == max(x["batch_size"] for x in rows)]
+    for label, s in ct2_loads[:2]:
+        print(f"{label}: process time outside translate_batch (start-up, load, I/O): {s:.2f} s")
+    print(f"load average at start and end: see above; at end {' '.join(f'{x:.1f}' for x in load_end)}")
+    result = {"data": a.data, "ckpt": a.ckpt, "beam": a.beam, "lenpen": a.lenpen, "rows": rows,
+              "startup": startup, "loadavg_end": load_end}
     (work / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"results: {work / 'results.json'}")
 
