@@ -26,8 +26,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmtkit.errors import UserError
-from nmtkit.models.attention import KVCache, MultiheadAttention, uninitialized
+from nmtkit.models.attention import KVCache, MultiheadAttention, capture_attention, uninitialized
 from nmtkit.models.registry import ArchConfig
+
+
+# The three attentions of the model (docs/inspect.md): encoder self-attention, masked decoder
+# self-attention, encoder-decoder ("cross") attention.
+ATTENTION_KINDS = ("enc-self", "dec-self", "cross")
 
 
 def sinusoid_table(max_positions: int, d_model: int) -> Tensor:
@@ -351,6 +356,46 @@ class Transformer(nn.Module):
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         """(B, S) long, (B, T) long -> logits (B, T, V_tgt) (in the autocast dtype, if any)."""
         return self.decode(prev_output_tokens, self.encode(src_tokens))
+
+    # ---- attention weights on request ----------------------------------------------------------
+    def attention_modules(self, kind: str) -> list[MultiheadAttention]:
+        """The attention modules of one kind (ATTENTION_KINDS), one per layer, bottom first."""
+        if kind == "enc-self":
+            return [layer.self_attn for layer in self.encoder_layers]
+        if kind == "dec-self":
+            return [layer.self_attn for layer in self.decoder_layers]
+        if kind == "cross":
+            return [layer.cross_attn for layer in self.decoder_layers]
+        raise ValueError(f"unknown attention kind {kind!r} (expected one of {', '.join(ATTENTION_KINDS)})")
+
+    def forward_with_attention(self, src_tokens: Tensor, prev_output_tokens: Tensor,
+                               which: dict[str, list[int] | None] | None = None
+                               ) -> tuple[Tensor, dict[str, dict[int, Tensor]]]:
+        """A teacher-forced forward pass that also returns attention weights.
+
+        which: kind -> 0-based layer indices (None: every layer); default every layer of every
+        kind. Only those modules leave the SDPA path (memory: B x h x rows x cols floats each).
+        Returns (logits (B, T, V_tgt), {kind: {layer: weights}}) with weights float32 of
+        enc-self (B, h, S, S), dec-self (B, h, T, T), cross (B, h, T, S): post-softmax, before
+        dropout; row t of the decoder's is the query of input position t, which predicts output
+        token t. Rows of padded queries are computed but meaningless; padded keys get exactly 0.
+        """
+        which = {k: None for k in ATTENTION_KINDS} if which is None else which
+        picked: list[tuple[str, int]] = []
+        modules: list[MultiheadAttention] = []
+        for kind, layers in which.items():
+            mods = self.attention_modules(kind)
+            for i in range(len(mods)) if layers is None else layers:
+                if not 0 <= i < len(mods):
+                    raise ValueError(f"{kind} layer {i} out of range (the model has {len(mods)})")
+                picked.append((kind, i))
+                modules.append(mods[i])
+        with capture_attention(modules) as stores:
+            logits = self(src_tokens, prev_output_tokens)
+        out: dict[str, dict[int, Tensor]] = {kind: {} for kind in which}
+        for (kind, i), store in zip(picked, stores):
+            out[kind][i] = store[0]
+        return logits, out
 
     # ---- incremental decoding ------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None) -> DecoderCache:
