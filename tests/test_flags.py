@@ -17,6 +17,7 @@ from nmtkit.data.preprocess import PreprocessConfig
 from nmtkit.data.preprocess_job import PreprocessJob
 from nmtkit.errors import UserError
 from nmtkit.generation.generator import GenerateOptions
+from nmtkit.generation.inspection import AttentionOptions
 from nmtkit.generation.search import SearchConfig
 from nmtkit.models.registry import arch_field_specs
 from nmtkit.scoring.files import ScoreOptions
@@ -31,12 +32,14 @@ from nmtkit.settings import (
 )
 from nmtkit.training.config import TrainConfig
 
-CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": PreprocessJob, "score": ScoreOptions}
+CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": PreprocessJob, "score": ScoreOptions,
+           "attention": AttentionOptions}
 
 # Fields with no flag, set by library callers only (a new field must get a flag or be listed here).
 LIBRARY_ONLY = {
     TrainConfig: {"arch_overrides", "log_file", "prefetch"},  # arch_overrides: the Architecture flags
     GenerateOptions: set(),
+    AttentionOptions: set(),
     SearchConfig: {"seed", "max_len_cap", "pad", "bos", "eos", "unk"},  # seed: from GenerateOptions.seed
     PreprocessConfig: {"target_bpe", "extra_files", "extra_manifest"},
     PreprocessJob: set(),
@@ -127,6 +130,39 @@ EXPECTED = {
         "--ema": (False, None),
         "--quiet -q": (False, None),
     },
+    "attention": {
+        "data_dir": (..., None),
+        "--path": (..., None),
+        "--source": ([], None),
+        "--target": ([], None),
+        "--gen-subset": (None, None),
+        "--index": ([], None),
+        "--split-target": (False, None),
+        "--kind": ('cross', None),
+        "--layer": (None, None),
+        "--heads": (None, None),
+        "--level": ('subword', None),
+        "--format": ('png', None),
+        "--output -o": (None, None),
+        "--beam": (4, None),
+        "--lenpen": (0.6, None),
+        "--lenpen-form": ('gnmt', None),
+        "--max-len-a": (1.0, None),
+        "--max-len-b": (None, None),
+        "--min-len": (0, None),
+        "--no-repeat-ngram-size": (0, None),
+        "--unk-penalty": (0.0, None),
+        "--nbest": (1, None),
+        "--early-stop": ('bound', None),
+        "--sampling": (False, None),
+        "--topk": (0, None),
+        "--topp": (0.0, None),
+        "--temperature": (1.0, None),
+        "--device": ('auto', None),
+        "--precision": ('fp32', None),
+        "--threads": (0, None),
+        "--ema": (False, None),
+    },
     "preprocess": {
         "--source-lang -s": (None, None),
         "--target-lang -t": (None, None),
@@ -183,7 +219,7 @@ def _command(name: str):
 
 def _params(name: str) -> dict[str, object]:
     """Flag spellings (joined by spaces) -> click parameter, without train's Architecture flags."""
-    arch = {s.flag for s in arch_field_specs()}
+    arch = {s.flag for s in arch_field_specs()} if name == "train" else set()  # attention has its own --heads
     return {" ".join(p.opts + getattr(p, "secondary_opts", [])): p for p in _command(name).params
             if not set(p.opts) & arch and p.name != "help"}
 
@@ -295,6 +331,23 @@ def test_sampling_flags_without_sampling_are_refused_by_generate_options():
         GenerateOptions(data_dir="d", paths=["a"], search=SearchConfig(topk=5)).validate()
 
 
+def test_flags_with_an_optional_value(monkeypatch):
+    import nmtkit.generation.generator as G
+    from nmtkit.settings import fill_optional_values, optional_values
+
+    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 50)
+
+    values = optional_values(GenerateOptions)
+    assert values == {"--print-alignment": "subword"}
+    assert fill_optional_values(["d", "--print-alignment"], values) == ["d", "--print-alignment", "subword"]
+    assert fill_optional_values(["--print-alignment", "-q"], values) == ["--print-alignment", "subword", "-q"]
+    assert fill_optional_values(["--print-alignment", "words", "-q"], values) == ["--print-alignment", "words", "-q"]
+    assert fill_optional_values(["--", "--print-alignment"], values) == ["--", "--print-alignment"]
+    opts = cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="d", paths=["a"],
+                                                               print_alignment="words", alignment_layer=2))
+    assert (opts.print_alignment, opts.alignment_layer) == ("words", 2)
+
+
 def test_preprocess_job_task_defaults_and_rules():
     base = {"destdir": "out"}
     job = cli_values_to_config(PreprocessJob, _cli_defaults(PreprocessJob, source_lang="de", target_lang="en",
@@ -325,7 +378,7 @@ def test_cli_modules_hold_no_defaults_and_no_long_functions():
     """Done criteria of the settings change: no typer.Option/Argument written by hand in the
     commands built from configs, and no function in nmtkit/cli/ over 60 lines."""
     cli = Path(__file__).resolve().parent.parent / "nmtkit" / "cli"
-    for name in ("train", "generate", "preprocess", "score"):
+    for name in ("train", "generate", "preprocess", "score", "attention"):
         src = (cli / f"{name}.py").read_text()
         assert "typer.Option(" not in src and "typer.Argument(" not in src, name
     for path in cli.glob("*.py"):

@@ -393,3 +393,89 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(reverser, run_cli, tmp
     assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
     assert re.search(needle, r.err), r.err
     assert not out.exists() and r.out == ""
+
+
+# ------------------------------------------------------------------------ nmtkit attention
+
+
+def test_attention_command_png_json_npz(setup, run_cli, tmp_path):  # noqa: F811
+    import json
+
+    from nmtkit import Translator
+
+    data, ckpt, _, _ = setup
+    base = ("attention", data, "--path", ckpt, "--max-len-b", "6", "--threads", "1")
+    r = run_cli(*base, "--source", "der Hund läuft", "--source", "die Katze", "--target", "the dog runs",
+                "--target", "the cat", "--kind", "enc-self", "--layer", "1", "--heads", "2,4", "-o", tmp_path / "a.png")
+    assert r.code == 0, r
+    pngs = [tmp_path / "a-1.png", tmp_path / "a-2.png"]
+    assert r.out.split() == [str(p) for p in pngs]
+    for p in pngs:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # json: the chosen kind / layer / heads, equal to Translator.attention's arrays
+    out = tmp_path / "a.json"
+    r = run_cli(*base, "--source", "der Hund läuft", "--kind", "cross", "--heads", "1,3", "--format", "json", "-o", out)
+    assert r.code == 0, r
+    doc = json.loads(out.read_text())
+    tr = Translator.load(ckpt, data, threads=1, max_len_b=6, warn=lambda m: None)
+    a = tr.attention("der Hund läuft")
+    assert (doc["kind"], doc["layer"], doc["layers"], doc["heads"], doc["level"]) == ("cross", 2, 2, [1, 3], "subword")
+    (s,) = doc["sentences"]
+    assert s["rows"] == a.target_tokens and s["columns"] == a.source_tokens and s["target_given"] is False
+    np.testing.assert_allclose(np.array(s["weights"]), a.cross[1][[0, 2]], atol=1e-6)
+    # npz at word level from the binarized test split with its own targets; dec-self
+    out = tmp_path / "a.npz"
+    r = run_cli(*base, "--gen-subset", "test", "--index", "0", "--index", "3", "--split-target", "--kind", "dec-self",
+                "--level", "words", "--format", "npz", "-o", out)
+    assert r.code == 0, r
+    z = np.load(out)
+    assert str(z["kind"]) == "dec-self" and list(z["heads"]) == [1, 2, 3, 4] and int(z["layer"]) == 2
+    for i in (0, 1):
+        w = z[f"weights_{i}"]
+        assert w.shape == (4, len(z[f"rows_{i}"]), len(z[f"columns_{i}"]))
+        np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+        assert z[f"columns_{i}"][0] == "<s>" and z[f"rows_{i}"][-1] == "</s>"
+    # the split's own targets (REFS of test_generate), merged into words
+    assert list(z["rows_0"]) == ["the", "dog", "cat", "</s>"] and list(z["columns_0"]) == ["<s>", "the", "dog", "cat"]
+    assert list(z["rows_1"]) == ["the", "tree", "runs", "</s>"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--source", "der Hund", "--layer", "3"), r"--layer 3 is out of range: the model has 2 decoder layers \(1\.\.2\)"),
+    (("--source", "der Hund", "--kind", "enc-self", "--layer", "0"), r"--layer is 1-based"),
+    (("--source", "der Hund", "--heads", "2,5"), r"--heads 5 is out of range: the model has 4 heads \(1\.\.4\)"),
+    (("--source", "der Hund", "--heads", "x"), r"--heads takes head numbers"),
+    (("--source", "der Hund", "--source", " "), r"--source 2: empty source sentence"),
+    (("--source", "der Hund", "--target", "the zzzq"), r"--target 1: target token\(s\) .* not in the target dictionary"),
+    (("--source", "a", "--source", "b", "--target", "the"), r"--target: 1 given for 2 --source sentences"),
+    (("--gen-subset", "test", "--index", "99"), r"--index 99: split 'test' has 7 sentences \(0\.\.6\)"),
+    (("--gen-subset", "test"), r"--gen-subset needs --index N"),
+    (("--source", "der", "--kind", "self"), r"--kind must be one of enc-self, dec-self, cross, got 'self'"),
+    ((), r"give a sentence: --source TEXT"),
+])
+def test_attention_command_bad_input(setup, run_cli, tmp_path, args, needle):  # noqa: F811
+    data, ckpt, _, _ = setup
+    out = tmp_path / "x.png"
+    r = run_cli("attention", data, "--path", ckpt, "--max-len-b", "6", *args, "-o", out)
+    assert r.code == 2, r
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert re.search(needle, r.err), r.err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_attention_command_without_matplotlib_says_which_extra(setup, run_cli, tmp_path, monkeypatch):  # noqa: F811
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *a, **k):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    data, ckpt, _, _ = setup
+    r = run_cli("attention", data, "--path", ckpt, "--source", "der Hund", "-o", tmp_path / "x.png")
+    assert r.code == 2 and "pip install 'nmtkit[plot]'" in r.err and len(r.err.strip().splitlines()) == 1, r
+    r = run_cli("attention", data, "--path", ckpt, "--source", "der Hund", "--format", "json", "-o", tmp_path / "x.json")
+    assert r.code == 0, r  # arrays need no matplotlib

@@ -32,6 +32,7 @@ COMMANDS = {
     "train": "nmtkit.cli.train",
     "average-checkpoints": "nmtkit.cli.average_checkpoints",
     "generate": "nmtkit.cli.generate",
+    "attention": "nmtkit.cli.attention",
     "plot": "nmtkit.cli.plot",
     "score": "nmtkit.cli.score",
 }

@@ -561,18 +561,27 @@ class Translator:
         else the model's own best translation (search settings as in `translate`, overridable
         here). One model only (load one checkpoint). See `nmtkit.generation.forced.Attention`:
         per-layer, per-head arrays with the token strings; `.words()` merges subwords."""
-        if len(self.models) != 1:
-            raise UserError(f"attention is per model: this translator holds {len(self.models)}; load one checkpoint")
         if not isinstance(src, str) or (tgt is not None and not isinstance(tgt, str)):
             raise UserError("attention takes one source sentence (a str) and optionally one target (a str)")
         (item,) = self.encode([src])
+        return self.attention_of_item(item, tgt, **search_settings)
+
+    def attention_of_item(self, item: Item, tgt: str | None = None, *, where: str = "attention",
+                          target_where: str | None = None, **search_settings) -> forced.Attention:
+        """`attention` for an Item (raw text from `encode`, or a binarized split's): the target is
+        `tgt` (raw text), else the item's `target_ids`, else the model's own translation. Errors
+        name the sentence as `where` (and a bad target as `target_where`)."""
+        if len(self.models) != 1:
+            raise UserError(f"attention is per model: this translator holds {len(self.models)}; load one checkpoint")
         if len(item.ids) == 0:
-            raise UserError("attention: empty source sentence")
-        if tgt is None:
-            tokens = self.translate_items([item], **search_settings)[item.index][0].tokens
+            raise UserError(f"{where}: empty source sentence")
+        if tgt is not None:
+            tokens = [int(x) for x in self.target_ids(tgt, target_where or f"{where} target")]
+        elif item.target_ids is not None:
+            tokens = [int(x) for x in item.target_ids]
         else:
-            tokens = [int(x) for x in self.target_ids(tgt, "attention target")]
-        return self._attention_of(item, tokens, given=tgt is not None)
+            tokens = self.translate_items([item], **search_settings)[item.index][0].tokens
+        return self._attention_of(item, tokens, given=tgt is not None or item.target_ids is not None)
 
     def _attention_of(self, item: Item, tokens: list[int], given: bool) -> forced.Attention:
         model, t = self.models[0], self.tgt_dict
