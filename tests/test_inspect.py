@@ -479,3 +479,19 @@ def test_attention_command_without_matplotlib_says_which_extra(setup, run_cli, t
     assert r.code == 2 and "pip install 'nmtkit[plot]'" in r.err and len(r.err.strip().splitlines()) == 1, r
     r = run_cli("attention", data, "--path", ckpt, "--source", "der Hund", "--format", "json", "-o", tmp_path / "x.json")
     assert r.code == 0, r  # arrays need no matplotlib
+
+
+def test_docs_python_example_runs(setup, tmp_path, monkeypatch, capsys):  # noqa: F811
+    data, ckpt, _, _ = setup
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "avg5.pt").symlink_to(ckpt)
+    (tmp_path / "data-bin").symlink_to(data, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    text = (Path(__file__).resolve().parents[1] / "docs" / "inspect.md").read_text(encoding="utf-8")
+    code = re.search(r"## Python\n\n```python\n(.*?)```", text, re.DOTALL).group(1)
+    scope: dict = {}
+    exec(compile(code, "docs/inspect.md", "exec"), scope)  # noqa: S102 - the documented example itself
+    s, a, w = scope["s"], scope["a"], scope["w"]
+    assert s.tokens == len(s.positional_scores) and a.target_given and w.level == "words"
+    assert scope["head_mean"].shape == (len(a.target_tokens), len(a.source_tokens))
+    assert capsys.readouterr().out.strip()
