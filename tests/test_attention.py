@@ -148,3 +148,13 @@ def test_training_mode_records_weights_before_dropout():
     # dropout (p = 0.5) would zero about half the weights and double the others; the record
     # is the distribution the model computed, the same in both modes
     torch.testing.assert_close(w_train["enc-self"][0], w_eval["enc-self"][0])
+
+
+def test_weights_without_logits_are_the_same():
+    model = tiny_model(True)
+    src, prev = batch()
+    with torch.no_grad():
+        logits, w = model.forward_with_attention(src, prev, which={"cross": [1]})
+        none, w2 = model.forward_with_attention(src, prev, which={"cross": [1]}, logits=False)
+    assert logits is not None and none is None
+    torch.testing.assert_close(w["cross"][1], w2["cross"][1], atol=0, rtol=0)

@@ -77,17 +77,29 @@ def forced_pass(models: Sequence[torch.nn.Module], src: torch.Tensor, targets: S
             else:
                 n_layers = len(m.attention_modules("cross"))
                 layer = cross_layer % n_layers
-                logits, w = m.forward_with_attention(src, prev, which={"cross": [layer]})
+                logits, w = m.forward_with_attention(src, prev, which={"cross": [layer]}, logits=want_scores)
                 a = w["cross"][layer].mean(dim=1)  # (N, T, S) averaged over heads
                 attn_sum = a if attn_sum is None else attn_sum + a
             if want_scores:
-                lp = torch.log_softmax(logits.float(), dim=-1).gather(2, out.unsqueeze(-1)).squeeze(-1)  # (N, T)
+                lp = _target_logprobs(logits, out)  # (N, T)
                 lp_sum = lp if lp_sum is None else lp_sum + lp
             del logits
     k = len(models)
     lp = None if lp_sum is None else (lp_sum / k if k > 1 else lp_sum).masked_fill(out.eq(pad), 0.0).cpu()
     attn = None if attn_sum is None else (attn_sum / k if k > 1 else attn_sum).cpu()
     return lp, attn
+
+
+def _target_logprobs(logits: torch.Tensor, out: torch.Tensor, rows: int = 16) -> torch.Tensor:
+    """log_softmax(logits.float())[out] per position: (N, T, V), (N, T) -> (N, T) float32.
+
+    In chunks of `rows` sentences, so that the float32 log-softmax never holds more than
+    rows x T x V values besides the logits (a 32k vocabulary and 640 hypotheses of 60 tokens
+    would otherwise need 5 GB more).
+    """
+    parts = [torch.log_softmax(logits[i:i + rows].float(), dim=-1).gather(2, out[i:i + rows].unsqueeze(-1)).squeeze(-1)
+             for i in range(0, logits.size(0), rows)]
+    return torch.cat(parts) if parts else logits.new_zeros(out.shape, dtype=torch.float32)
 
 
 def pair_score(token_lp: Sequence[float], lenpen: float, form: str) -> PairScore:

@@ -341,8 +341,9 @@ class Transformer(nn.Module):
         """Pre-softmax projection: h (B, T, D) -> logits (B, T, V_tgt)."""
         return self.out_proj(h)
 
-    def decode(self, prev_output_tokens: Tensor, enc: EncoderOut) -> Tensor:
-        """Teacher-forced decoder: prev_output_tokens (B, T) -> logits (B, T, V_tgt)."""
+    def decode(self, prev_output_tokens: Tensor, enc: EncoderOut, logits: bool = True) -> Tensor:
+        """Teacher-forced decoder: prev_output_tokens (B, T) -> logits (B, T, V_tgt), or with
+        logits=False the final hidden states (B, T, D) (no output projection)."""
         x = self.tgt_embed(prev_output_tokens) * self.embed_scale
         x = x + self.tgt_pos(prev_output_tokens.size(1))
         x = F.dropout(x, self.cfg.dropout, self.training)  # (B, T, D)
@@ -351,7 +352,7 @@ class Transformer(nn.Module):
             x = layer(x, enc.out, mask)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.output_logits(x)
+        return self.output_logits(x) if logits else x
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         """(B, S) long, (B, T) long -> logits (B, T, V_tgt) (in the autocast dtype, if any)."""
@@ -369,13 +370,14 @@ class Transformer(nn.Module):
         raise ValueError(f"unknown attention kind {kind!r} (expected one of {', '.join(ATTENTION_KINDS)})")
 
     def forward_with_attention(self, src_tokens: Tensor, prev_output_tokens: Tensor,
-                               which: dict[str, list[int] | None] | None = None
-                               ) -> tuple[Tensor, dict[str, dict[int, Tensor]]]:
+                               which: dict[str, list[int] | None] | None = None, logits: bool = True
+                               ) -> tuple[Tensor | None, dict[str, dict[int, Tensor]]]:
         """A teacher-forced forward pass that also returns attention weights.
 
         which: kind -> 0-based layer indices (None: every layer); default every layer of every
         kind. Only those modules leave the SDPA path (memory: B x h x rows x cols floats each).
-        Returns (logits (B, T, V_tgt), {kind: {layer: weights}}) with weights float32 of
+        Returns (logits (B, T, V_tgt), or None with logits=False, which skips the output
+        projection: alignments need no (B, T, V) tensor; {kind: {layer: weights}}) with weights float32 of
         enc-self (B, h, S, S), dec-self (B, h, T, T), cross (B, h, T, S): post-softmax, before
         dropout; row t of the decoder's is the query of input position t, which predicts output
         token t. Rows of padded queries are computed but meaningless; padded keys get exactly 0.
@@ -391,11 +393,11 @@ class Transformer(nn.Module):
                 picked.append((kind, i))
                 modules.append(mods[i])
         with capture_attention(modules) as stores:
-            logits = self(src_tokens, prev_output_tokens)
+            out_logits = self.decode(prev_output_tokens, self.encode(src_tokens), logits=logits)
         out: dict[str, dict[int, Tensor]] = {kind: {} for kind in which}
         for (kind, i), store in zip(picked, stores):
             out[kind][i] = store[0]
-        return logits, out
+        return (out_logits if logits else None), out
 
     # ---- incremental decoding ------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None) -> DecoderCache:
