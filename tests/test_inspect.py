@@ -25,6 +25,7 @@ from nmtkit.generation.forced import (
 )
 from nmtkit.generation.search import length_penalty
 from tests.test_generate import COMMON, TEST_SRC, lines, setup  # noqa: F401 - fixture
+from tests.test_parsing_pipeline import make_checkpoint, parsing_dir  # noqa: F401 - fixture
 
 torch.set_num_threads(1)
 N_WORDS = 16
@@ -495,3 +496,15 @@ def test_docs_python_example_runs(setup, tmp_path, monkeypatch, capsys):  # noqa
     assert s.tokens == len(s.positional_scores) and a.target_given and w.level == "words"
     assert scope["head_mean"].shape == (len(a.target_tokens), len(a.source_tokens))
     assert capsys.readouterr().out.strip()
+
+
+def test_parsing_data_dir_scores_its_split_and_refuses_word_alignments(parsing_dir, run_cli, tmp_path):  # noqa: F811
+    _, data, _ = parsing_dir
+    ckpt = make_checkpoint(data, tmp_path / "p.pt")
+    r = run_cli("generate", data, "--path", ckpt, "--score-reference", "--print-alignment", "--quiet", "--threads", "1")
+    assert r.code == 0, r
+    rows = [x.split("\t") for x in lines(r.out)]
+    assert rows and all(len(x) == 4 and float(x[0]) < 0 for x in rows)
+    out = tmp_path / "o"
+    r = run_cli("generate", data, "--path", ckpt, "--print-alignment", "words", "--max-len-b", "5", "-o", out, "--quiet")
+    assert r.code == 2 and "a parsing model's output is a tree" in r.err and not out.exists(), r

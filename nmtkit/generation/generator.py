@@ -330,12 +330,15 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
         split = opts.gen_subset or "test"
         trunc = tr.truncations(lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}")
         total, items = split_items(opts.data_dir, split, tr.src_lang, tr.tgt_lang, trunc)
-        if opts.score_reference and not _has_split(opts.data_dir, split, tr.tgt_lang):
+        if opts.score_reference and not _has_targets(opts.data_dir, split, tr.src_lang, tr.tgt_lang):
             raise UserError(f"--score-reference: split {split!r} of {opts.data_dir} has no target side "
                             f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
     layer = None if opts.print_alignment is None else (-1 if opts.alignment_layer is None else opts.alignment_layer - 1)
     if layer is not None:
         _check_alignment_layer(tr, opts.alignment_layer)
+    if opts.print_alignment == "words" and tr.task == "parsing":
+        raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
+                        "use --print-alignment (subword)")
     text_of = None
     if manifest.get("task") == "parsing":  # one bracketed tree per input line (docs/parsing.md)
         from nmtkit.parsing.pipeline import tree_writer
@@ -365,7 +368,8 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
         t0 = time.perf_counter()
         try:
             for chunk in chunks(items, opts.buffer_size):
-                empties = sum(1 for it in chunk if len(it.ids) == 0)
+                # empty inputs need no model call (scoring still runs them: a source of </s> alone)
+                empties = 0 if opts.score_reference else sum(1 for it in chunk if len(it.ids) == 0)
                 if progress is not None and empties:
                     progress.update(task, advance=empties)
                 td = time.perf_counter()
@@ -397,15 +401,14 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     return stats
 
 
-def _has_split(data_dir: str, split: str, lang: str) -> bool:
-    """Whether `split` has a `lang` side (split_items attaches it only with as many sentences)."""
+def _has_targets(data_dir: str, split: str, src_lang: str, tgt_lang: str) -> bool:
+    """Whether `split` has a target side of as many sentences (split_items attaches it only then)."""
     from nmtkit.data.shards import load_split
 
     try:
-        load_split(data_dir, split, lang)
+        return len(load_split(data_dir, split, tgt_lang)) == len(load_split(data_dir, split, src_lang))
     except UserError:
         return False
-    return True
 
 
 def _check_alignment_layer(tr: Translator, layer: int) -> None:
