@@ -296,6 +296,28 @@ def test_translator_score_and_attention(setup):  # noqa: F811
     np.testing.assert_allclose(w.enc_self, merge_groups(g.enc_self, g.source_word_of, g.source_word_of))
 
 
+def test_translator_refusals(setup):  # noqa: F811
+    from nmtkit import Translator
+    from nmtkit.errors import UserError
+
+    data, ckpt, ckpt2, _ = setup
+    tr = Translator.load(ckpt, data, threads=1, max_len_b=6, warn=lambda m: None)
+    for call, needle in [
+        (lambda: tr.score(["der Hund"], ["the dog", "the cat"]), "score: 1 sources but 2 targets"),
+        (lambda: tr.score("der Hund", "the dog"), "score takes two lists"),
+        (lambda: tr.score(["der Hund", " "], ["the dog", "the"]), "source 2: empty source sentence"),
+        (lambda: tr.score(["der Hund"], ["the QQQ"]), "target 1: target token(s)"),
+        (lambda: tr.attention(""), "attention: empty source sentence"),
+        (lambda: tr.attention(["der Hund"]), "attention takes one source sentence"),
+        (lambda: Translator.load([ckpt, ckpt2], data, warn=lambda m: None).attention("der Hund"),
+         "attention is per model: this translator holds 2"),
+        (lambda: tr.align_items(tr.encode(["der Hund"]), {}, layer=2), "cross attention layer 2 (0-based) is out of range"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(needle)):
+            call()
+    assert tr.score(["der Hund"], [""])[0].tokens == 1  # the empty translation: </s> alone
+
+
 def test_merge_groups_by_hand():
     w = np.array([[0.1, 0.2, 0.3, 0.4],
                   [0.4, 0.3, 0.2, 0.1],
