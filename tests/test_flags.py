@@ -142,6 +142,8 @@ EXPECTED = {
         "--layer": (None, None),
         "--heads": (None, None),
         "--level": ('subword', None),
+        "--style": ('heatmap', None),
+        "--query": (None, None),
         "--format": ('png', None),
         "--output -o": (None, None),
         "--beam": (4, None),

@@ -435,6 +435,12 @@ def test_attention_command_png_json_npz(setup, run_cli, tmp_path):  # noqa: F811
     assert r.out.split() == [str(p) for p in pngs]
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the paper's drawing: lines from queries to keys, one color per head; one query alone
+    for extra in ((), ("--query", "2")):
+        r = run_cli(*base, "--source", "der Hund läuft", "--kind", "enc-self", "--style", "lines", *extra,
+                    "-o", tmp_path / "l.png")
+        assert r.code == 0, r
+        assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # json: the chosen kind / layer / heads, equal to Translator.attention's arrays
     out = tmp_path / "a.json"
     r = run_cli(*base, "--source", "der Hund läuft", "--kind", "cross", "--heads", "1,3", "--format", "json", "-o", out)
@@ -475,6 +481,9 @@ def test_attention_command_png_json_npz(setup, run_cli, tmp_path):  # noqa: F811
     (("--gen-subset", "test"), r"--gen-subset needs --index N"),
     (("--source", "der", "--kind", "self"), r"--kind must be one of enc-self, dec-self, cross, got 'self'"),
     ((), r"give a sentence: --source TEXT"),
+    (("--source", "der Hund", "--query", "1"), r"--query applies to --style lines"),
+    (("--source", "der Hund", "--style", "lines", "--query", "99"), r"--query 99: --source 1 has \d+ query tokens"),
+    (("--source", "der Hund", "--style", "arrows"), r"--style must be one of heatmap, lines"),
 ])
 def test_attention_command_bad_input(setup, run_cli, tmp_path, args, needle):  # noqa: F811
     data, ckpt, _, _ = setup

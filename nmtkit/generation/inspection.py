@@ -27,6 +27,7 @@ from nmtkit.models.transformer import ATTENTION_KINDS
 from nmtkit.settings import group, setting
 
 FORMATS = ("png", "json", "npz")
+STYLES = ("heatmap", "lines")
 LEVELS = ("subword", "words")
 AXES = {  # kind -> (row axis, column axis) names in the pictures
     "enc-self": ("source (queries)", "source (keys)"),
@@ -63,6 +64,8 @@ class AttentionOptions:
     layer: int | None = setting(None, flag="--layer", help="Layer, 1-based (the paper's 'layer 5 of 6') [default: the last].")
     heads: str | None = setting(None, flag="--heads", help="Heads to show, 1-based, comma-separated (e.g. 5,6) [default: all].")
     level: str = setting("subword", flag="--level", help="subword: the model's tokens; words: a word's pieces merged (sum over keys, mean over queries).")
+    style: str = setting("heatmap", flag="--style", help="PNG style: heatmap (a grid of heads) or lines (the paper's Figures 3-5: queries on top, keys below, a line per weight, a color per head).")
+    query: int | None = setting(None, flag="--query", help="--style lines: only this query token's lines (0-based position in the rows, as in alignment pairs; the paper's Figure 3).")
     format: str = setting("png", flag="--format", help="png: one picture per sentence (needs the plot extra); json or npz: one file of arrays and tokens.")
     output: str | None = setting(None, flag="--output", aliases=("-o",), help="File to write; with several sentences PNGs get -1, -2, ... before the suffix [default: attention.FORMAT].")
     search: SearchConfig = group(SearchConfig)
@@ -85,7 +88,8 @@ class AttentionOptions:
     def validate(self) -> None:
         """UserError naming the flag for every impossible combination."""
         for flag, v, allowed in (("--kind", self.kind, ATTENTION_KINDS), ("--level", self.level, LEVELS),
-                                 ("--format", self.format, FORMATS), ("--precision", self.precision, tuple(PRECISIONS))):
+                                 ("--format", self.format, FORMATS), ("--style", self.style, STYLES),
+                                 ("--precision", self.precision, tuple(PRECISIONS))):
             if v not in allowed:
                 raise UserError(f"{flag} must be one of {', '.join(allowed)}, got {v!r}")
         if self.gen_subset is None:
@@ -108,6 +112,11 @@ class AttentionOptions:
             bad = [i for i in self.indices if i < 0]
             if bad:
                 raise UserError(f"--index is a 0-based sentence number, got {bad[0]}")
+        if self.query is not None:
+            if self.style != "lines" or self.format != "png":
+                raise UserError("--query applies to --style lines (PNG)")
+            if self.query < 0:
+                raise UserError(f"--query is a 0-based token position, got {self.query}")
         if self.layer is not None and self.layer < 1:
             raise UserError(f"--layer is 1-based (1 = the lowest layer), got {self.layer}")
         heads = _heads(self.heads)
@@ -171,6 +180,9 @@ def collect(opts: AttentionOptions, tr) -> tuple[list[Selected], int, list[int]]
         if opts.level == "words":
             a = a.words()
         rows, cols = a.labels(opts.kind)
+        if opts.query is not None and opts.query >= len(rows):
+            raise UserError(f"--query {opts.query}: {name} has {len(rows)} query tokens (0..{len(rows) - 1}) "
+                            f"at the {opts.level} level")
         w = a.weights(opts.kind)[layer - 1][[h - 1 for h in heads]]  # (heads, rows, cols)
         out.append(Selected(a, w, rows, cols))
     return out, layer, heads
@@ -202,7 +214,7 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
         return [out]
     if opts.format == "npz":
         return [_write_npz(out, meta, sentences)]
-    from nmtkit.training.attention_plot import draw_heads
+    from nmtkit.training.attention_plot import draw_heads, draw_lines
 
     paths = [out] if len(sentences) == 1 else [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}")
                                                for i in range(len(sentences))]
@@ -210,9 +222,12 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
     side = "encoder" if opts.kind == "enc-self" else "decoder"
     for s, p in zip(sentences, paths):
         what = "given target" if s.attention.target_given else "the model's translation"
-        title = (f"{opts.kind} attention, {side} layer {layer} of {n_layers} ({opts.level} level; target: {what}, "
+        title = (f"{opts.kind} attention, {side} layer {layer} of {n_layers}\n({opts.level} level; target: {what}, "
                  f"log-prob {s.attention.score.logprob:.2f})")
-        draw_heads(s.weights, s.rows, s.cols, heads, title, p, row_axis, col_axis)
+        if opts.style == "lines":
+            draw_lines(s.weights, s.rows, s.cols, heads, title, p, query=opts.query)
+        else:
+            draw_heads(s.weights, s.rows, s.cols, heads, title, p, row_axis, col_axis)
     return paths
 
 

@@ -81,3 +81,52 @@ def draw_heads(weights: np.ndarray, rows: Sequence[str], cols: Sequence[str], he
         fig.savefig(fh, format="png", dpi=100)
     plt.close(fig)
     return out
+
+
+def draw_lines(weights: np.ndarray, rows: Sequence[str], cols: Sequence[str], heads: Sequence[int],
+               title: str, out: str | os.PathLike, query: int | None = None, min_weight: float = 0.02) -> Path:
+    """The paper's own drawing (Figures 3-5): the query tokens in a row on top, the key tokens in
+    a row below, a line from each query to each key it attends to, one color per head, the
+    line's opacity and width growing with the weight. `query`: draw only that row's lines (0-based;
+    Figure 3 shows the word "making" alone). Weights under `min_weight` are not drawn.
+
+    weights: (len(heads), len(rows), len(cols)); heads: their 1-based numbers (the legend).
+    """
+    plt = import_pyplot()
+    from matplotlib.lines import Line2D
+
+    n = max(len(rows), len(cols))
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.26 * n + 1.5), 4.5), constrained_layout=True)
+    fs = _font_size(n) + 1
+
+    def xs(k: int) -> np.ndarray:  # both rows centred on the same axis
+        return np.arange(k) + (n - k) / 2.0
+
+    xr, xc = xs(len(rows)), xs(len(cols))
+    colors = plt.get_cmap("tab10" if len(heads) <= 10 else "tab20")
+    picked = range(len(rows)) if query is None else [query]
+    for k in range(len(heads)):
+        color = colors(k % colors.N)
+        for r in picked:
+            for c in np.flatnonzero(weights[k, r] >= min_weight):
+                w = float(weights[k, r, c])
+                ax.plot([xr[r], xc[c]], [1.0, 0.0], color=color, alpha=min(1.0, 0.2 + 0.8 * w),
+                        linewidth=(1.0 if query is None else 2.0) + 2.5 * w, solid_capstyle="butt")
+    for x, t in zip(xr, rows):
+        bold = query is not None and x == xr[query]
+        ax.text(x, 1.03, t, rotation=90, ha="center", va="bottom", fontsize=fs,
+                fontweight="bold" if bold else "normal")
+    for x, t in zip(xc, cols):
+        ax.text(x, -0.03, t, rotation=90, ha="center", va="top", fontsize=fs)
+    ax.set_xlim(-0.8, n - 0.2)
+    ax.set_ylim(-0.9, 1.9)
+    ax.axis("off")
+    ax.legend(handles=[Line2D([0], [0], color=colors(k % colors.N), lw=2.5) for k in range(len(heads))],
+              labels=[f"head {h}" for h in heads], loc="center left", bbox_to_anchor=(1.0, 0.5),
+              fontsize=8, frameon=False)
+    ax.set_title(title, fontsize=10)
+    out = Path(out)
+    with atomic_write(out, "wb", encoding=None) as fh:
+        fig.savefig(fh, format="png", dpi=100)
+    plt.close(fig)
+    return out
