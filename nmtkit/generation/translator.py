@@ -475,8 +475,10 @@ class Translator:
         scores: dict[int, list[Hypothesis]] = {}
         aligns: dict[int, list[list[tuple[int, int]]]] = {}
         todo = [it for it in items if it.target_ids is not None]
-        empty = [it for it in todo if len(it.ids) == 0]  # make_batches leaves them out; a source of
-        batches = make_batches(todo, self.max_tokens, self.batch_size) + ([empty] if empty else [])  # </s> alone
+        # make_batches leaves out empty sources (translation needs no model call for them);
+        # scoring runs them too, as a source of </s> alone
+        empty = [it for it in todo if len(it.ids) == 0]
+        batches = make_batches(todo, self.max_tokens, self.batch_size) + ([empty] if empty else [])
         for batch in batches:
             src = collate_source(batch, self.src_dict.eos, self.src_dict.pad).to(self.device)  # (B, S)
             targets = [[int(x) for x in it.target_ids] for it in batch]
