@@ -539,3 +539,19 @@ def test_parsing_data_dir_scores_its_split_and_refuses_word_alignments(parsing_d
     out = tmp_path / "o"
     r = run_cli("generate", data, "--path", ckpt, "--print-alignment", "words", "--max-len-b", "5", "-o", out, "--quiet")
     assert r.code == 2 and "a parsing model's output is a tree" in r.err and not out.exists(), r
+
+
+def test_score_reference_reads_the_source_from_stdin(copier, run_cli, tmp_path, monkeypatch):
+    import io
+    import sys
+
+    data, ckpt = copier
+    src, ref = tmp_path / "s", tmp_path / "r"
+    src.write_text("w1 w2 w3\nw4\n")
+    ref.write_text("W1 W2 W3\nW5\n")
+    args = ("--path", ckpt, "--score-reference", "--reference", ref, "--quiet", "--threads", "1")
+    want = lines(run_cli("generate", data, "--input", src, *args).out)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
+    got = lines(run_cli("generate", data, "--input", "-", *args).out)
+    assert got == want and len(got) == 2
+    assert float(got[0].split("\t")[0]) > float(got[1].split("\t")[0])  # the copy beats the wrong word
