@@ -55,11 +55,13 @@ def draw_heads(weights: np.ndarray, rows: Sequence[str], cols: Sequence[str], he
     n = len(heads)
     ncols = min(MAX_COLS, n)
     nrows = math.ceil(n / ncols)
-    panel_w = max(2.5, CELL_IN * len(cols) + 1.0)  # + room for the row labels
-    panel_h = max(2.5, CELL_IN * len(rows) + 1.0)  # + room for the column labels
-    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_w * ncols + 0.8, panel_h * nrows + 0.8),
-                             squeeze=False, constrained_layout=True)
     fs = _font_size(max(len(rows), len(cols)))
+    char_in = 0.65 * fs / 72  # a label character's width in inches, about
+    longest = max((len(t) for t in rows), default=1), max((len(t) for t in cols), default=1)
+    panel_w = max(2.5, CELL_IN * len(cols) + char_in * longest[0] + 0.6)  # + the row labels
+    panel_h = max(2.5, CELL_IN * len(rows) + char_in * longest[1] + 0.9)  # + the rotated column labels
+    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_w * ncols + 1.0, panel_h * nrows + 0.9),
+                             squeeze=False, constrained_layout=True)
     image = None
     for k, ax in enumerate(axes.flat):
         if k >= n:
