@@ -257,14 +257,16 @@ class GenerateStats:
     truncated: int = 0
     decode_seconds: float = 0.0  # search only: no loading, reading or writing
     total_seconds: float = 0.0  # from the start of `generate` to the last output line
+    scored: bool = False  # --score-reference: pairs scored, not sentences translated
 
     def line(self) -> str:
         t = max(self.decode_seconds, 1e-9)
         tt = max(self.total_seconds, 1e-9)
+        what, work = ("scored", "scoring") if self.scored else ("translated", "search")
         return (
-            f"translated {self.sentences:,} sentences ({self.target_tokens:,} target tokens) in "
+            f"{what} {self.sentences:,} sentences ({self.target_tokens:,} target tokens) in "
             f"{self.total_seconds:.1f}s: {self.sentences / tt:,.1f} sentences/s, "
-            f"{self.target_tokens / tt:,.0f} tokens/s; search only {self.decode_seconds:.1f}s: "
+            f"{self.target_tokens / tt:,.0f} tokens/s; {work} only {self.decode_seconds:.1f}s: "
             f"{self.sentences / t:,.1f} sentences/s, {self.target_tokens / t:,.0f} tokens/s"
         )
 
@@ -346,7 +348,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
         text_of = tree_writer(opts.data_dir, manifest, None if opts.input is not None else split, total,
                               src_dict, tr.src_lang)
 
-    stats = GenerateStats()
+    stats = GenerateStats(scored=opts.score_reference)
     progress = _progress(opts.progress and sys.stderr.isatty(), total)
     task = None
     t0 = None
