@@ -191,6 +191,14 @@ def construct(cls: type, values: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+def iter_flags(ff: FlagField) -> Iterator[str]:
+    """All command-line spellings of one flag."""
+    yield ff.flag.flag
+    yield from ff.flag.aliases
+    if ff.flag.off_flag:
+        yield ff.flag.off_flag
+
+
 def optional_values(cls: type) -> dict[str, str]:
     """Spelling -> value for every flag of `cls` that may be given without its value."""
     return {spelling: ff.flag.optional_value for ff in flag_fields(cls) if ff.flag.optional_value is not None
@@ -209,14 +217,6 @@ def fill_optional_values(args: Sequence[str], values: dict[str, str]) -> list[st
         if a in values and (i + 1 == len(args) or args[i + 1].startswith("-")):
             out.append(values[a])
     return out
-
-
-def iter_flags(ff: FlagField) -> Iterator[str]:
-    """All command-line spellings of one flag."""
-    yield ff.flag.flag
-    yield from ff.flag.aliases
-    if ff.flag.off_flag:
-        yield ff.flag.off_flag
 
 
 # ---- parse functions shared by several configs --------------------------------------------------
