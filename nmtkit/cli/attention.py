@@ -16,12 +16,9 @@ def attention_command(opts: AttentionOptions) -> None:
     """Draw a model's attention for a few sentences (a grid of heads per PNG), or write the arrays.
 
     The target is --target, the split's own (--split-target), or the model's beam translation.
-    Prints the path of each file written.
+    Prints the path of each file written; warnings (over-long sentences) go to stderr.
     """
-    from rich.console import Console
-
     from nmtkit.generation.inspection import write_attention
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for path in write_attention(opts, warn=lambda msg: err.print(f"nmtkit: warning: {msg}", style="yellow", markup=False)):
+    for path in write_attention(opts):
         print(path)
