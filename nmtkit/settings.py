@@ -20,6 +20,9 @@ Conventions:
 - `parse` turns the command-line value into the field's value (`"0.9,0.98"` -> `(0.9, 0.98)`);
   it is applied to every value, the default included, and `parse(cli_default)` must give the
   field's default.
+- `optional_value="x"`: the flag may be given without a value, meaning `x`
+  (`--print-alignment` = `--print-alignment subword`; `fill_optional_values` rewrites the
+  arguments before click parses them, since click options take a value or none, not either).
 - `unset=True`: the flag's default is None, meaning "not given"; the field's default applies,
   unless the class's `from_flags(values)` decides from other settings (e.g. `--max-len-b` from
   the data directory, preprocess `--max-len` from `--task`). Its help text states the default.
@@ -37,7 +40,7 @@ import math
 import types
 import typing
 from dataclasses import MISSING, dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from nmtkit.errors import UserError
 
@@ -74,17 +77,18 @@ class Flag:
     show_default: bool = True
     argument: bool = False  # positional argument instead of an option
     metavar: str | None = None  # the value's name in --help (default: its type, e.g. <int>)
+    optional_value: str | None = None  # the value of the flag given alone (see the module docstring)
 
 
 def setting(default: Any = MISSING, *, default_factory: Any = MISSING, flag: str, help: str,
             panel: str | None = None, aliases: tuple[str, ...] = (), off_flag: str | None = None,
             parse: Callable[[Any], Any] | None = None, cli_type: Any = None, cli_default: Any = SAME,
             unset: bool = False, show_default: bool = True, argument: bool = False,
-            metavar: str | None = None) -> Any:
+            metavar: str | None = None, optional_value: str | None = None) -> Any:
     """A dataclass field with its command-line flag (see the module docstring)."""
     meta = Flag(flag=flag, help=help, panel=panel, aliases=tuple(aliases), off_flag=off_flag, parse=parse,
                 cli_type=cli_type, cli_default=None if unset else cli_default, unset=unset,
-                show_default=show_default, argument=argument, metavar=metavar)
+                show_default=show_default, argument=argument, metavar=metavar, optional_value=optional_value)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={SETTING: meta})
 
 
@@ -241,6 +245,26 @@ def iter_flags(ff: FlagField) -> Iterator[str]:
     yield from ff.flag.aliases
     if ff.flag.off_flag:
         yield ff.flag.off_flag
+
+
+def optional_values(cls: type) -> dict[str, str]:
+    """Spelling -> value for every flag of `cls` that may be given without its value."""
+    return {spelling: ff.flag.optional_value for ff in flag_fields(cls) if ff.flag.optional_value is not None
+            for spelling in (ff.flag.flag, *ff.flag.aliases)}
+
+
+def fill_optional_values(args: Sequence[str], values: dict[str, str]) -> list[str]:
+    """`args` with the optional value inserted after each such flag given without one (last, or
+    followed by another option); nothing after `--` is touched."""
+    out: list[str] = []
+    for i, a in enumerate(args):
+        out.append(a)
+        if a == "--":
+            out.extend(args[i + 1:])
+            break
+        if a in values and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(values[a])
+    return out
 
 
 # ---- parse functions shared by several configs --------------------------------------------------

@@ -17,6 +17,7 @@ from nmtkit.data.preprocess import PreprocessConfig
 from nmtkit.data.preprocess_job import PreprocessJob
 from nmtkit.errors import UserError
 from nmtkit.export.exporter import ExportOptions
+from nmtkit.generation.inspection import AttentionOptions
 from nmtkit.generation.generator import GenerateOptions
 from nmtkit.generation.search import SearchConfig
 from nmtkit.models.registry import arch_field_specs
@@ -34,7 +35,8 @@ from nmtkit.settings import (
 from nmtkit.training.config import TrainConfig
 
 CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": PreprocessJob, "score": ScoreOptions,
-           "serve": ServeOptions, "export": ExportOptions}
+           "serve": ServeOptions, "export": ExportOptions,
+           "attention": AttentionOptions}
 
 # Fields with no flag, set by library callers only (a new field must get a flag or be listed here).
 LIBRARY_ONLY = {
@@ -45,6 +47,7 @@ LIBRARY_ONLY = {
     PreprocessJob: set(),
     ScoreOptions: set(),
     ServeOptions: set(),
+    AttentionOptions: set(),
     ExportOptions: set(),
 }
 
@@ -131,6 +134,10 @@ EXPECTED = {
         "--device": ('auto', None),
         "--precision": ('fp32', None),
         "--quantize": ('none', None),
+        "--print-alignment": (None, None),
+        "--alignment-layer": (None, None),
+        "--score-reference": (False, None),
+        "--reference": (None, None),
         "--threads": (0, None),
         "--seed": (None, None),
         "--ema": (False, None),
@@ -167,6 +174,41 @@ EXPECTED = {
         "--threads": (0, None),
         "--ema": (False, None),
         "--quantize": ('none', None),
+    },
+    "attention": {
+        "data_dir": (..., None),
+        "--path": (..., None),
+        "--source": ([], None),
+        "--target": ([], None),
+        "--gen-subset": (None, None),
+        "--index": ([], None),
+        "--split-target": (False, None),
+        "--kind": ('cross', None),
+        "--layer": (None, None),
+        "--heads": (None, None),
+        "--level": ('subword', None),
+        "--style": ('heatmap', None),
+        "--query": (None, None),
+        "--format": ('png', None),
+        "--output -o": (None, None),
+        "--beam": (4, None),
+        "--lenpen": (0.6, None),
+        "--lenpen-form": ('gnmt', None),
+        "--max-len-a": (1.0, None),
+        "--max-len-b": (None, None),
+        "--min-len": (0, None),
+        "--no-repeat-ngram-size": (0, None),
+        "--unk-penalty": (0.0, None),
+        "--nbest": (1, None),
+        "--early-stop": (None, None),  # not given: bound
+        "--sampling": (False, None),
+        "--topk": (0, None),
+        "--topp": (0.0, None),
+        "--temperature": (1.0, None),
+        "--device": ('auto', None),
+        "--precision": ('fp32', None),
+        "--threads": (0, None),
+        "--ema": (False, None),
     },
     "preprocess": {
         "--source-lang -s": (None, None),
@@ -235,7 +277,7 @@ def _command(name: str):
 
 def _params(name: str) -> dict[str, object]:
     """Flag spellings (joined by spaces) -> click parameter, without train's Architecture flags."""
-    arch = {s.flag for s in arch_field_specs()}
+    arch = {s.flag for s in arch_field_specs()} if name == "train" else set()  # attention has its own --heads
     return {" ".join(p.opts + getattr(p, "secondary_opts", [])): p for p in _command(name).params
             if not set(p.opts) & arch and p.name != "help"}
 
@@ -341,6 +383,23 @@ def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
     assert opts.search == SearchConfig(beam=5, max_len_b=300)
 
 
+def test_flags_with_an_optional_value(monkeypatch):
+    import nmtkit.generation.generator as G
+    from nmtkit.settings import fill_optional_values, optional_values
+
+    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 50)
+
+    values = optional_values(GenerateOptions)
+    assert values == {"--print-alignment": "subword"}
+    assert fill_optional_values(["d", "--print-alignment"], values) == ["d", "--print-alignment", "subword"]
+    assert fill_optional_values(["--print-alignment", "-q"], values) == ["--print-alignment", "subword", "-q"]
+    assert fill_optional_values(["--print-alignment", "words", "-q"], values) == ["--print-alignment", "words", "-q"]
+    assert fill_optional_values(["--", "--print-alignment"], values) == ["--", "--print-alignment"]
+    opts = cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="d", paths=["a"],
+                                                               print_alignment="words", alignment_layer=2))
+    assert (opts.print_alignment, opts.alignment_layer) == ("words", 2)
+
+
 @pytest.mark.parametrize("bad,message", [
     ({"beam": 0}, "--beam must be >= 1, got 0"),
     ({"nbest": 5}, "--nbest 5 exceeds the --beam 4; raise --beam"),
@@ -393,7 +452,7 @@ def test_cli_modules_hold_no_defaults_and_no_long_functions():
     """Done criteria of the settings change: no typer.Option/Argument written by hand in the
     commands built from configs, and no function in nmtkit/cli/ over 60 lines."""
     cli = Path(__file__).resolve().parent.parent / "nmtkit" / "cli"
-    for name in ("train", "generate", "preprocess", "score", "serve", "export"):
+    for name in ("train", "generate", "preprocess", "score", "serve", "export", "attention"):
         src = (cli / f"{name}.py").read_text()
         assert "typer.Option(" not in src and "typer.Argument(" not in src, name
     for path in cli.glob("*.py"):
@@ -414,7 +473,7 @@ def test_help_runs_and_lists_the_panels(run_cli):
 # the required arguments of each command (the files need not exist: flags are checked first)
 _REQUIRED = {"train": ("d", "--save-dir", "s"), "generate": ("d", "--path", "a.pt"),
              "preprocess": ("--destdir", "o", "-s", "de", "-t", "en", "--trainpref", "t"), "score": ("--ref", "r"),
-             "serve": ("d", "--path", "a.pt")}
+             "serve": ("d", "--path", "a.pt"), "attention": ("d", "--path", "a.pt", "--source", "x")}
 
 
 def _float_flags() -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ import typer.main
 from typer.core import TyperGroup
 
 from nmtkit import __version__
+from nmtkit.settings import fill_optional_values
 
 try:  # typer >= 0.20 vendors click as typer._click
     from typer._click.exceptions import UsageError
@@ -32,6 +33,7 @@ COMMANDS = {
     "train": "nmtkit.cli.train",
     "average-checkpoints": "nmtkit.cli.average_checkpoints",
     "generate": "nmtkit.cli.generate",
+    "attention": "nmtkit.cli.attention",
     "export": "nmtkit.cli.export",
     "serve": "nmtkit.cli.serve",
     "plot": "nmtkit.cli.plot",
@@ -67,7 +69,14 @@ class _LazyGroup(TyperGroup):
             self.commands[cmd_name] = typer.main.get_command_from_info(
                 info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode
             )
-        return self.commands.get(cmd_name)
+        cmd = self.commands.get(cmd_name)
+        values = getattr(getattr(cmd, "callback", None), "optional_values", None)
+        if values and not getattr(cmd, "_optional_values_filled", False):
+            # flags that may be given without their value (nmtkit.settings.fill_optional_values)
+            parse_args = cmd.parse_args
+            cmd.parse_args = lambda ctx, args: parse_args(ctx, fill_optional_values(args, values))
+            cmd._optional_values_filled = True
+        return cmd
 
     def resolve_command(self, ctx, args):
         try:

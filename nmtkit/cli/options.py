@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import typer
 
-from nmtkit.settings import FlagField, cli_values_to_config, flag_fields
+from nmtkit.settings import FlagField, cli_values_to_config, flag_fields, optional_values
 
 
 def with_settings(cls: type, *, into: str = "cfg") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -52,6 +52,7 @@ def with_settings(cls: type, *, into: str = "cfg") -> Callable[[Callable[..., An
         # Own parameters first (keyword-only ones must follow positional-or-keyword ones).
         params = sorted(own + extra, key=lambda p: p.kind == inspect.Parameter.KEYWORD_ONLY)
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.optional_values = optional_values(cls)  # type: ignore[attr-defined] # read by cli.app
         wrapper.__annotations__ = {k: v for k, v in getattr(func, "__annotations__", {}).items()
                                    if k != into} | {p.name: p.annotation for p in extra}
         return wrapper

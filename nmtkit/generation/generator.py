@@ -34,6 +34,7 @@ import torch
 
 from nmtkit.device import resolve_device  # noqa: F401 - re-exported for old imports
 from nmtkit.errors import UserError
+from nmtkit.generation.forced import ALIGNMENT_LEVELS, format_alignment
 from nmtkit.generation.search import Hypothesis, SearchConfig, search  # noqa: F401 - re-exported
 from nmtkit.generation.translator import (  # noqa: F401 - Item ... collate_source re-exported
     MAX_WARNINGS,
@@ -67,7 +68,12 @@ class GenerateOptions:
     # None or "-" = stdout
     output: str | None = setting(None, flag="--output", aliases=("-o",), help="Write here (atomically) instead of stdout.")
     format: str = setting("plain", flag="--format", help="plain: one detokenized hypothesis per line; fairseq: S-/T-/H-/D-/P- lines.")
-    print_scores: bool = setting(False, flag="--print-scores", help="plain format: prefix each line with its score and a tab.")
+    print_scores: bool = setting(False, flag="--print-scores", help="plain format: prefix each line with its score and a tab (--score-reference: add the per-token log-probs).")
+    # None, "subword" or "words"; the flag alone means subword (nmtkit.settings optional_value)
+    print_alignment: str | None = setting(None, flag="--print-alignment", optional_value="subword", metavar="[subword|words]", help="Each hypothesis' alignment to the source: source-target pairs, 0-based, from the cross-attention of --alignment-layer averaged over heads (fairseq's A- lines; plain format: a last tab-separated column). 'words': pairs of detokenized words.")
+    alignment_layer: int | None = setting(None, flag="--alignment-layer", help="Decoder layer (1-based) whose cross-attention gives --print-alignment [default: the last, as fairseq].")
+    score_reference: bool = setting(False, flag="--score-reference", help="Score given translations instead of searching: the split's target side, or --reference with --input. plain format: SCORE, LOGPROB, TOKENS per line.")
+    reference: str | None = setting(None, flag="--reference", help="With --score-reference and --input: the raw translations to score, one per line of --input (FILE or FILE.gz).")
     search: SearchConfig = group(SearchConfig)
     max_tokens: int | None = setting(None, flag="--max-tokens", help="Batch limit in padded source tokens.")
     batch_size: int | None = setting(None, flag="--batch-size", help="Batch limit in sentences [default: 128 unless --max-tokens].")
@@ -101,7 +107,33 @@ class GenerateOptions:
                 raise UserError(f"{flag} must be >= 1, got {v}")
         if self.buffer_size < 1:
             raise UserError(f"--buffer-size must be >= 1, got {self.buffer_size}")
+        self._validate_inspection()
 
+    def _validate_inspection(self) -> None:
+        """The rules of --print-alignment, --alignment-layer, --score-reference and --reference."""
+        if self.print_alignment is not None and self.print_alignment not in ALIGNMENT_LEVELS:
+            raise UserError(f"--print-alignment must be subword (the default when given alone) or words, "
+                            f"got {self.print_alignment!r}")
+        if self.alignment_layer is not None:
+            if self.print_alignment is None:
+                raise UserError("--alignment-layer applies to --print-alignment")
+            if self.alignment_layer < 1:
+                raise UserError(f"--alignment-layer is 1-based (1 = the lowest decoder layer), got {self.alignment_layer}")
+        if self.reference is not None:
+            if not self.score_reference:
+                raise UserError("--reference applies to --score-reference (the translations to score)")
+            if self.input is None:
+                raise UserError("--reference pairs with --input (raw source text); a binarized split is "
+                                "scored against its own target side")
+            if self.reference == "-":
+                raise UserError("--reference must be a file (--input may be - for stdin)")
+        if self.score_reference:
+            if self.input is not None and self.reference is None:
+                raise UserError("--score-reference with --input needs --reference FILE: the translations to score")
+            if self.search.nbest != 1:
+                raise UserError("--nbest applies to the search; --score-reference scores one given translation per input")
+            if self.search.sampling:
+                raise UserError("--sampling applies to the search, not to --score-reference")
 
     def _validate_export(self, export: str) -> None:
         """What an export directory (the CTranslate2 runtime) cannot do for generate, refused naming
@@ -110,6 +142,11 @@ class GenerateOptions:
             what = f"--gen-subset {self.gen_subset}" if self.gen_subset else "a binarized split"
             raise UserError(f"--path {export} is an export directory, which translates raw text: give --input FILE "
                             f"(or - for stdin); {what} needs the checkpoint and its data directory")
+        for flag, given in (("--print-alignment", self.print_alignment is not None),
+                            ("--score-reference", self.score_reference)):
+            if given:
+                raise UserError(f"{flag}: {export} is run by CTranslate2, which nmtkit does not read attention or "
+                                "forced scores from; use the checkpoint and its data directory")
 
 
 def search_flag_defaults(values: dict) -> dict:
@@ -228,20 +265,36 @@ def _fmt(x: float) -> str:
 
 
 class Writer:
-    """Formats one input's hypotheses: plain lines, or fairseq's S-/T-/H-/D-/P- lines."""
+    """Formats one input's hypotheses: plain lines, or fairseq's S-/T-/H-/D-/P-(/A-) lines.
+
+    With `score_reference` the one "hypothesis" is the given translation and plain lines are
+    `SCORE<TAB>LOGPROB<TAB>TOKENS` (per-token log-probs added with print_scores). Alignments,
+    when given to `write`, are one list of (source, target) pairs per hypothesis.
+    """
 
     def __init__(self, fh: IO[str], fmt: str, print_scores: bool, nbest: int, src_dict, tgt_dict, detok,
-                 text_of: Callable[[Item, list[str]], str] | None = None):
+                 text_of: Callable[[Item, list[str]], str] | None = None, score_reference: bool = False,
+                 print_alignment: bool = False):
         self.fh, self.fmt, self.print_scores, self.nbest = fh, fmt, print_scores, nbest
         self.src_dict, self.tgt_dict, self.detok = src_dict, tgt_dict, detok
         self.text_of = text_of  # (item, pieces) -> output text, instead of detok (parsing: a tree)
+        self.score_reference, self.print_alignment = score_reference, print_alignment
 
     def _text(self, item: Item, pieces: list[str]) -> str:
         return self.detok(pieces) if self.text_of is None else self.text_of(item, pieces)
 
-    def write(self, item: Item, hyps: list[Hypothesis]) -> None:
+    def write(self, item: Item, hyps: list[Hypothesis], alignments: list[list[tuple[int, int]]] | None = None) -> None:
         out = []
-        if self.fmt == "plain":
+        aligned = [format_alignment(a) for a in alignments or []]
+        if self.fmt == "plain" and self.score_reference:
+            h = hyps[0]
+            cols = [_fmt(h.score), _fmt(h.logprob), str(len(h.positional_scores))]
+            if self.print_scores:
+                cols.append(" ".join(f"{p:.4f}" for p in h.positional_scores))
+            if self.print_alignment:
+                cols.append(aligned[0] if aligned else "")
+            out.append("\t".join(cols))
+        elif self.fmt == "plain":
             for j in range(self.nbest):
                 if j < len(hyps):
                     text = self._text(item, self.tgt_dict.string(hyps[j].tokens))
@@ -252,17 +305,22 @@ class Writer:
                     # (parsing: still a tree, of the input's words)
                     text = "" if self.text_of is None else self.text_of(item, [])
                     score = 0.0 if not hyps else -math.inf
-                out.append(f"{_fmt(score)}\t{text}" if self.print_scores else text)
+                line = f"{_fmt(score)}\t{text}" if self.print_scores else text
+                if self.print_alignment:
+                    line += "\t" + (aligned[j] if j < len(aligned) else "")
+                out.append(line)
         else:
             i = item.index
             out.append(f"S-{i}\t{' '.join(self.src_dict.string(item.ids))}")
             if item.target_ids is not None:
                 out.append(f"T-{i}\t{self._text(item, self.tgt_dict.string(item.target_ids))}")
-            for h in hyps:
+            for j, h in enumerate(hyps):
                 pieces = self.tgt_dict.string(h.tokens)
                 out.append(f"H-{i}\t{_fmt(h.score)}\t{' '.join(pieces)}")
                 out.append(f"D-{i}\t{_fmt(h.score)}\t{self._text(item, pieces)}")
                 out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.positional_scores)}")
+                if self.print_alignment:
+                    out.append(f"A-{i}\t{aligned[j] if j < len(aligned) else ''}")
         self.fh.write("".join(line.replace("\n", " ") + "\n" for line in out))
 
 
@@ -278,14 +336,16 @@ class GenerateStats:
     truncated: int = 0
     decode_seconds: float = 0.0  # search only: no loading, reading or writing
     total_seconds: float = 0.0  # from the start of `generate` to the last output line
+    scored: bool = False  # --score-reference: pairs scored, not sentences translated
 
     def line(self) -> str:
         t = max(self.decode_seconds, 1e-9)
         tt = max(self.total_seconds, 1e-9)
+        what, work = ("scored", "scoring") if self.scored else ("translated", "search")
         return (
-            f"translated {self.sentences:,} sentences ({self.target_tokens:,} target tokens) in "
+            f"{what} {self.sentences:,} sentences ({self.target_tokens:,} target tokens) in "
             f"{self.total_seconds:.1f}s: {self.sentences / tt:,.1f} sentences/s, "
-            f"{self.target_tokens / tt:,.0f} tokens/s; search only {self.decode_seconds:.1f}s: "
+            f"{self.target_tokens / tt:,.0f} tokens/s; {work} only {self.decode_seconds:.1f}s: "
             f"{self.sentences / t:,.1f} sentences/s, {self.target_tokens / t:,.0f} tokens/s"
         )
 
@@ -350,7 +410,11 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
                              batch_size=opts.batch_size, warn=warn, search=cfg)
     manifest, src_dict, tgt_dict = tr.manifest, tr.src_dict, tr.tgt_dict
 
-    if opts.input is not None:
+    if opts.input is not None and opts.score_reference:
+        where = "<stdin>" if opts.input == "-" else opts.input
+        trunc = tr.truncations(lambda i: f"{where}:{i + 1}", where)
+        total, items = reference_items(tr, opts.input, opts.reference, trunc)
+    elif opts.input is not None:
         where = "<stdin>" if opts.input == "-" else opts.input
         trunc = tr.truncations(lambda i: f"{where}:{i + 1}", where)
         tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
@@ -360,6 +424,15 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
         split = opts.gen_subset or "test"
         trunc = tr.truncations(lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}")
         total, items = split_items(opts.data_dir, split, tr.src_lang, tr.tgt_lang, trunc)
+        if opts.score_reference and not _has_targets(opts.data_dir, split, tr.src_lang, tr.tgt_lang):
+            raise UserError(f"--score-reference: split {split!r} of {opts.data_dir} has no target side "
+                            f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
+    layer = None if opts.print_alignment is None else (-1 if opts.alignment_layer is None else opts.alignment_layer - 1)
+    if layer is not None:
+        _check_alignment_layer(tr, opts.alignment_layer)
+    if opts.print_alignment == "words" and tr.task == "parsing":
+        raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
+                        "use --print-alignment (subword)")
     text_of = None
     if manifest.get("task") == "parsing":  # one bracketed tree per input line (docs/parsing.md)
         from nmtkit.parsing.pipeline import tree_writer
@@ -367,7 +440,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
         text_of = tree_writer(tr.data_dir, manifest, None if opts.input is not None else split, total,
                               src_dict, tr.src_lang)
 
-    stats = GenerateStats()
+    stats = GenerateStats(scored=opts.score_reference)
     progress = _progress(opts.progress and sys.stderr.isatty(), total)
     task = None
     t0 = None
@@ -381,22 +454,33 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     stream = output_stream(opts.output) if out is None else contextlib.nullcontext(out)
     with stream as fh:
         writer = Writer(fh, opts.format, opts.print_scores, tr.search.nbest, src_dict, tgt_dict,
-                        tr.tgt_subword.decode, text_of)
+                        tr.tgt_subword.decode, text_of, score_reference=opts.score_reference,
+                        print_alignment=opts.print_alignment is not None)
         if progress is not None:
             progress.start()
             task = progress.add_task("generate", total=total, rate="-")
         t0 = time.perf_counter()
         try:
             for chunk in chunks(items, opts.buffer_size):
-                empties = sum(1 for it in chunk if len(it.ids) == 0)
+                # empty inputs need no model call (scoring still runs them: a source of </s> alone)
+                empties = 0 if opts.score_reference else sum(1 for it in chunk if len(it.ids) == 0)
                 if progress is not None and empties:
                     progress.update(task, advance=empties)
                 td = time.perf_counter()
-                results = tr.translate_items(chunk, on_batch=on_batch)
+                aligns: dict = {}
+                if opts.score_reference:
+                    results, aligns = tr.score_items(chunk, alignment_layer=layer, on_batch=on_batch)
+                else:
+                    results = tr.translate_items(chunk, on_batch=on_batch)
                 stats.decode_seconds += time.perf_counter() - td
+                if layer is not None and not opts.score_reference:
+                    aligns = tr.align_items(chunk, results, layer)
                 for it in chunk:
                     hyps = results.get(it.index, [])
-                    writer.write(it, hyps)
+                    al = aligns.get(it.index)
+                    if al is not None and opts.print_alignment == "words":
+                        al = [tr.word_alignment(it, h.tokens, a) for h, a in zip(hyps, al)]
+                    writer.write(it, hyps, al)
                     stats.sentences += 1
                     if hyps:
                         stats.translated += 1
@@ -409,6 +493,68 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     stats.truncated = trunc.count
     stats.total_seconds = time.perf_counter() - t_start
     return stats
+
+
+def _has_targets(data_dir: str, split: str, src_lang: str, tgt_lang: str) -> bool:
+    """Whether `split` has a target side of as many sentences (split_items attaches it only then)."""
+    from nmtkit.data.shards import load_split
+
+    try:
+        return len(load_split(data_dir, split, tgt_lang)) == len(load_split(data_dir, split, src_lang))
+    except UserError:
+        return False
+
+
+def _check_alignment_layer(tr: Translator, layer: int) -> None:
+    """--alignment-layer (1-based) within every model's decoder layers."""
+    n = min(len(m.attention_modules("cross")) for m in tr.models)
+    if layer is not None and layer > n:
+        raise UserError(f"--alignment-layer {layer} is out of range: the model has {n} decoder layers (1..{n})")
+
+
+def _raw_line_count(path: str) -> int:
+    """Lines of a text file (plain or .gz), as read_lines reads them."""
+    from nmtkit.io import read_lines
+
+    n = _count_lines(path)
+    return n if n is not None else sum(1 for _ in read_lines(path))
+
+
+def reference_items(tr: Translator, source: str, reference: str, trunc: Truncations) -> tuple[int, Iterator[Item]]:
+    """(count, items) of raw sources with their raw translations (--score-reference --reference).
+
+    Every pair is checked before the first is scored (line counts, empty lines, target pieces
+    outside the dictionary): a bad line stops the run before anything is written, naming its
+    file and line. stdin (--input -) is read into memory for that.
+    """
+    from nmtkit.io import read_lines
+
+    if tr.task == "parsing":
+        raise UserError("--reference: the targets of a parsing data directory are linearized trees; "
+                        "score its binarized split (--score-reference without --input)")
+    src_name = "<stdin>" if source == "-" else source
+    src_lines = list(read_lines(source)) if source == "-" else None
+    n_src = len(src_lines) if src_lines is not None else _raw_line_count(source)
+    n_ref = _raw_line_count(reference)
+    if n_src != n_ref:
+        raise UserError(f"--reference {reference} has {n_ref} lines but --input {src_name} has {n_src}; "
+                        "they must be line-aligned pairs")
+    tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
+
+    def gen(check: bool) -> Iterator[Item]:
+        srcs = iter(src_lines) if src_lines is not None else read_lines(source)
+        for i, (s, t) in enumerate(zip(srcs, read_lines(reference))):
+            if not s.strip():
+                raise UserError(f"{src_name}:{i + 1}: empty source line (every pair needs a source and a target)")
+            ids = tr.target_ids(t, f"{reference}:{i + 1}")
+            if check:
+                continue
+            src_ids = tr.src_dict.encode(tr.src_subword.encode(s))
+            yield Item(i, trunc(i, src_ids), ids, text=s)
+
+    for _ in gen(check=True):
+        pass
+    return n_src, gen(check=False)
 
 
 def default_max_len_b(data_dir: str) -> int:
@@ -428,7 +574,7 @@ def _check_output_path(opts: GenerateOptions) -> None:
         raise UserError(f"--output {out} is a directory; give a file name")
     if not out.exists():
         return
-    for flag, p in [("--input", opts.input)] + [("--path", q) for q in opts.paths]:
+    for flag, p in [("--input", opts.input), ("--reference", opts.reference)] + [("--path", q) for q in opts.paths]:
         if p is not None and p != "-" and Path(p).exists() and os.path.samefile(out, p):
             raise UserError(f"--output {out} is the same file as {flag} {p}; choose another output")
 

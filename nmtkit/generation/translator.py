@@ -38,6 +38,7 @@ import torch
 
 from nmtkit.device import resolve_device
 from nmtkit.errors import UserError
+from nmtkit.generation import forced
 from nmtkit.generation.search import Hypothesis, SearchConfig, search
 from nmtkit.models.loading import LoadedModels, load_models, precision_dtype
 
@@ -467,6 +468,187 @@ class Translator:
             self.text(it, self.tgt_dict.string(hyps[0].tokens)) if hyps else self._empty_text(it)
             for it, hyps in self._run(sentences, search_settings)
         ]
+
+    # -- given targets: scores, attention weights, alignments (nmtkit.generation.forced)
+
+    def target_ids(self, text: str, where: str) -> np.ndarray:
+        """Target dictionary ids of one raw target sentence (segmented with the target subword
+        model). UserError naming `where` for a piece outside the dictionary (its score would be
+        that of <unk>: nothing to learn from) or a target longer than the model accepts. An empty
+        target is the empty translation (</s> alone), which the search may output too."""
+        pieces = self.tgt_subword.encode(text)
+        ids = self.tgt_dict.encode(pieces)
+        unknown = [p for p, i in zip(pieces, ids) if i == self.tgt_dict.unk]
+        if unknown:
+            shown = ", ".join(repr(p) for p in dict.fromkeys(unknown[:5]))
+            raise UserError(f"{where}: target token(s) {shown} not in the target dictionary "
+                            f"({len(self.tgt_dict)} symbols); a score or an alignment of <unk> says nothing")
+        limit = self.loaded.max_target_tokens
+        if len(ids) > limit:
+            raise UserError(f"{where}: the target has {len(ids)} tokens; the model accepts at most {limit}")
+        return ids
+
+    def _layer(self, layer: int, kind: str = "cross") -> int:
+        """A 0-based (negative: from the top) layer index checked against every model."""
+        n = min(len(m.attention_modules(kind)) for m in self.models)
+        if not -n <= layer < n:
+            raise UserError(f"{kind} attention layer {layer} (0-based) is out of range: the model has {n} layers")
+        return layer
+
+    def score_items(self, items: Sequence[Item], *, alignment_layer: int | None = None,
+                    on_batch: Callable[[int], None] | None = None
+                    ) -> tuple[dict[int, list[Hypothesis]], dict[int, list[list[tuple[int, int]]]]]:
+        """Score each item's `target_ids` given its source (forced decoding, batched).
+
+        Returns ({index: [the target as a Hypothesis with the search's score]}, {index: [its
+        subword alignment]}, the second only with `alignment_layer` (0-based, -1 = last)). The
+        score is `logprob / lp(|Y|)` with this translator's lenpen and lenpen_form: a beam
+        hypothesis fed back gets the score the search reported (unk_penalty and the search's
+        length rules are not applied: this is the model's probability of the given text).
+        """
+        cfg = self.search_config()
+        t = self.tgt_dict
+        layer = None if alignment_layer is None else self._layer(alignment_layer)
+        scores: dict[int, list[Hypothesis]] = {}
+        aligns: dict[int, list[list[tuple[int, int]]]] = {}
+        todo = [it for it in items if it.target_ids is not None]
+        # make_batches leaves out empty sources (translation needs no model call for them);
+        # scoring runs them too, as a source of </s> alone
+        empty = [it for it in todo if len(it.ids) == 0]
+        batches = make_batches(todo, self.max_tokens, self.batch_size) + ([empty] if empty else [])
+        for batch in batches:
+            src = collate_source(batch, self.src_dict.eos, self.src_dict.pad).to(self.device)  # (B, S)
+            targets = [[int(x) for x in it.target_ids] for it in batch]
+            lp, attn = forced.forced_pass(self.models, src, targets, bos=t.bos, eos=t.eos, pad=t.pad,
+                                          cross_layer=layer)
+            for r, (it, tgt) in enumerate(zip(batch, targets)):
+                ps = forced.pair_score(lp[r, :len(tgt) + 1].tolist(), cfg.lenpen, cfg.lenpen_form)
+                scores[it.index] = [Hypothesis(tgt, ps.score, ps.logprob, ps.positional_scores)]
+                if attn is not None:
+                    aligns[it.index] = [forced.hard_alignment(attn[r], len(it.ids), len(tgt))]
+            if on_batch is not None:
+                on_batch(len(batch))
+        return scores, aligns
+
+    def align_items(self, items: Sequence[Item], results: dict[int, list[Hypothesis]],
+                    layer: int = -1) -> dict[int, list[list[tuple[int, int]]]]:
+        """Subword alignments (source, target) of each item's hypotheses (`translate_items`'s
+        results), from the head-averaged cross-attention of decoder `layer` (0-based, -1 = the
+        last, as fairseq), averaged over an ensemble's models: one teacher-forced pass per batch."""
+        layer = self._layer(layer)
+        t = self.tgt_dict
+        out: dict[int, list[list[tuple[int, int]]]] = {}
+        todo = [it for it in items if results.get(it.index)]
+        for batch in make_batches(todo, self.max_tokens, self.batch_size):
+            rows = [(it, h) for it in batch for h in results[it.index]]
+            src = collate_source([it for it, _ in rows], self.src_dict.eos, self.src_dict.pad).to(self.device)
+            _, attn = forced.forced_pass(self.models, src, [h.tokens for _, h in rows], bos=t.bos, eos=t.eos,
+                                         pad=t.pad, cross_layer=layer, want_scores=False)
+            for r, (it, h) in enumerate(rows):
+                out.setdefault(it.index, []).append(forced.hard_alignment(attn[r], len(it.ids), len(h.tokens)))
+        return out
+
+    def source_pieces(self, item: Item) -> list[str]:
+        """The item's source subword pieces as segmented (raw text), or its dictionary strings
+        (binarized splits: an <unk> shows as "<unk>")."""
+        if item.text is not None:
+            return self.src_subword.encode(item.text)[:len(item.ids)]
+        return [self.src_dict[int(i)] for i in item.ids]
+
+    def word_alignment(self, item: Item, target_tokens: Sequence[int],
+                       pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Subword pairs of a hypothesis -> pairs of words, the words of the detokenized source
+        and output (a word is aligned to every word one of its pieces is aligned to)."""
+        if self.task == "parsing":
+            raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
+                            "use --print-alignment (subword)")
+        src_words = forced.word_index(self.source_pieces(item), self.src_subword.kind)
+        tgt_words = forced.word_index([self.tgt_dict[int(i)] for i in target_tokens], self.tgt_subword.kind)
+        return forced.word_alignment(pairs, src_words, tgt_words)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[forced.PairScore]:
+        """The model's scores of given translations, in order: per pair its log-probability
+        (</s> included), |Y| (target tokens + </s>), the length-normalized score the search
+        would report for it (this translator's lenpen and lenpen_form) and the per-token
+        log-probabilities. An ensemble scores with the mean of its models' log-probabilities.
+
+        Sources and targets are raw text, segmented like `translate`'s input; an empty source,
+        a target piece outside the dictionary or lists of different lengths are UserErrors (an
+        empty target is the empty translation).
+        """
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise UserError("score takes two lists of sentences; wrap single ones: score([src], [tgt])")
+        sources, targets = list(sources), list(targets)
+        if len(sources) != len(targets):
+            raise UserError(f"score: {len(sources)} sources but {len(targets)} targets (one target per source)")
+        items = self.encode(sources)
+        for it, tgt in zip(items, targets):
+            if not isinstance(tgt, str):
+                raise UserError(f"target {it.index + 1} is a {type(tgt).__name__}, not a str")
+            if len(it.ids) == 0:
+                raise UserError(f"source {it.index + 1}: empty source sentence (every pair needs a source and a target)")
+            it.target_ids = self.target_ids(tgt, f"target {it.index + 1}")
+        scores, _ = self.score_items(items)
+        out = []
+        for it in items:
+            h = scores[it.index][0]
+            out.append(forced.PairScore(h.logprob, len(h.positional_scores), h.score, h.positional_scores))
+        return out
+
+    def attention(self, src: str, tgt: str | None = None, **search_settings) -> forced.Attention:
+        """Every attention weight of the model for `src` and a target: `tgt` (raw text) when given,
+        else the model's own best translation (search settings as in `translate`, overridable
+        here). One model only (load one checkpoint). See `nmtkit.generation.forced.Attention`:
+        per-layer, per-head arrays with the token strings; `.words()` merges subwords."""
+        if not isinstance(src, str) or (tgt is not None and not isinstance(tgt, str)):
+            raise UserError("attention takes one source sentence (a str) and optionally one target (a str)")
+        (item,) = self.encode([src])
+        return self.attention_of_item(item, tgt, **search_settings)
+
+    def attention_of_item(self, item: Item, tgt: str | None = None, *, where: str = "attention",
+                          target_where: str | None = None, **search_settings) -> forced.Attention:
+        """`attention` for an Item (raw text from `encode`, or a binarized split's): the target is
+        `tgt` (raw text), else the item's `target_ids`, else the model's own translation. Errors
+        name the sentence as `where` (and a bad target as `target_where`)."""
+        if len(self.models) != 1:
+            raise UserError(f"attention is per model: this translator holds {len(self.models)}; load one checkpoint")
+        if len(item.ids) == 0:
+            raise UserError(f"{where}: empty source sentence")
+        if tgt is not None:
+            tokens = [int(x) for x in self.target_ids(tgt, target_where or f"{where} target")]
+        elif item.target_ids is not None:
+            tokens = [int(x) for x in item.target_ids]
+        else:
+            tokens = self.translate_items([item], **search_settings)[item.index][0].tokens
+        return self._attention_of(item, tokens, given=tgt is not None or item.target_ids is not None)
+
+    def _attention_of(self, item: Item, tokens: list[int], given: bool) -> forced.Attention:
+        model, t = self.models[0], self.tgt_dict
+        src = collate_source([item], self.src_dict.eos, self.src_dict.pad).to(self.device)  # (1, S)
+        prev, out = forced.collate_targets([tokens], t.bos, t.eos, t.pad)
+        with torch.inference_mode():
+            logits, w = model.forward_with_attention(src, prev.to(self.device))
+        lp = torch.log_softmax(logits[0].float(), dim=-1).gather(1, out[0].to(self.device)[:, None]).view(-1)
+        cfg = self.search_config()
+
+        def stack(kind: str) -> np.ndarray:  # (layers, heads, rows, cols) of the one sentence
+            return torch.stack([w[kind][i][0] for i in sorted(w[kind])]).cpu().numpy()
+
+        src_pieces = self.source_pieces(item)
+        tgt_pieces = [t[i] for i in tokens]
+        sw = forced.word_index(src_pieces, self.src_subword.kind)
+        tw = forced.word_index(tgt_pieces, self.tgt_subword.kind)
+        n_sw, n_tw = (sw[-1] + 1 if sw else 0), (tw[-1] + 1 if tw else 0)
+        eos = forced.EOS_SYMBOL
+        return forced.Attention(
+            source_tokens=src_pieces + [eos], target_tokens=tgt_pieces + [eos],
+            decoder_inputs=[forced.BOS_SYMBOL] + tgt_pieces,
+            enc_self=stack("enc-self"), dec_self=stack("dec-self"), cross=stack("cross"),
+            score=forced.pair_score(lp.tolist(), cfg.lenpen, cfg.lenpen_form), target_given=given,
+            source_word_of=sw + [n_sw], target_word_of=tw + [n_tw],
+            source_words=forced.word_strings(src_pieces, sw, self.src_subword.decode) + [eos],
+            target_words=forced.word_strings(tgt_pieces, tw, self.tgt_subword.decode) + [eos],
+        )
 
     def __repr__(self) -> str:
         return (f"Translator({len(self.models)} model(s) {self.loaded.paths}, {self.src_lang}->{self.tgt_lang}, "

@@ -10,11 +10,20 @@ The projections have no bias, as in the paper's `Q W_i^Q`, `K W_i^K`, `V W_i^V`,
 encoder-decoder attention projects Q from the decoder and a fused K|V from the encoder output,
 which decoding computes once per sentence. Per-head key size d_k and value size d_v may differ
 (Table 3 row B changes d_k alone).
+
+Attention weights on request (`capture_attention`): SDPA never returns the weights, so a module
+whose `capture` list is set computes `softmax(Q K^T / sqrt(d_k) + mask)` explicitly, appends the
+weights (post-softmax, before dropout) to that list, and multiplies them with V itself. Only the
+modules asked for take that path, and only while asked; decoding and training run the same SDPA
+call as ever (the one check is `self.capture is not None`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +52,10 @@ def uninitialized(module_cls: type[nn.Module], *args, **kwargs) -> nn.Module:
 
 class MultiheadAttention(nn.Module):
     """h heads of scaled dot-product attention followed by the output projection W^O."""
+
+    # Set to a list by `capture_attention` (None: the SDPA fast path). A class attribute, not
+    # module state: it is neither saved in checkpoints nor copied by `to()`.
+    capture: list[Tensor] | None = None
 
     def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, dropout: float,
                  self_attention: bool):
@@ -101,10 +114,36 @@ class MultiheadAttention(nn.Module):
         attn_mask: bool, broadcastable to (B, h, T, S), True = may attend (padding: (B, 1, 1, S)).
         """
         p = self.dropout if self.training else 0.0
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
-                                           is_causal=is_causal)  # (B, h, T, d_v)
+        if self.capture is not None:
+            o = self._explicit_attention(q, k, v, attn_mask, is_causal, p)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                               is_causal=is_causal)  # (B, h, T, d_v)
         b, _, t, _ = o.shape
         return self.out_proj(o.transpose(1, 2).reshape(b, t, self.heads * self.d_v))
+
+    def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+                            is_causal: bool, dropout_p: float) -> Tensor:
+        """What SDPA computes, step by step, keeping the weights: appends them to `self.capture`.
+
+        q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (B, h, T, d_v). The weights
+        (B, h, T, S) are float32 whatever the activations' dtype (softmax in float32, as the fused
+        kernels accumulate), exactly 0 where the mask forbids (padding, the future: -inf before
+        the softmax), and taken before dropout (what the model attends to, not one noisy sample).
+        """
+        scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, h, T, S)
+        allowed = attn_mask
+        if is_causal:  # SDPA's is_causal: query i sees keys 0..i (top-left aligned)
+            t, s = scores.shape[-2:]
+            causal = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril()
+            allowed = causal if allowed is None else allowed & causal
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # (B, h, T, S); rows sum to 1
+        self.capture.append(weights.detach())
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, dropout_p, True)
+        return torch.matmul(weights.to(v.dtype), v)  # (B, h, T, d_v)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Self-attention over the whole sequence x (B, T, D) -> (B, T, D)."""
@@ -120,6 +159,26 @@ class MultiheadAttention(nn.Module):
         q, k, v = self.project_qkv(x)
         k_all, v_all = cache.append(k, v)
         return self.attend(q, k_all, v_all)
+
+
+@contextlib.contextmanager
+def capture_attention(modules: Sequence[MultiheadAttention]) -> Iterator[list[list[Tensor]]]:
+    """Inside the block, `modules` take the explicit path and record their weights.
+
+    Yields one list per module; each call of a module's attention appends its weights
+    (B, h, T, S) float32 to that module's list (a teacher-forced forward pass calls each module
+    once). The modules are back on the SDPA path when the block ends, whatever happens.
+    """
+    stores: list[list[Tensor]] = [[] for _ in modules]
+    for m, store in zip(modules, stores):
+        if m.capture is not None:
+            raise RuntimeError("capture_attention: a module is captured twice (nested blocks)")
+        m.capture = store
+    try:
+        yield stores
+    finally:
+        for m in modules:
+            m.capture = None
 
 
 class KVCache:

@@ -26,8 +26,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmtkit.errors import UserError
-from nmtkit.models.attention import KVCache, MultiheadAttention, uninitialized
+from nmtkit.models.attention import KVCache, MultiheadAttention, capture_attention, uninitialized
 from nmtkit.models.registry import ArchConfig
+
+
+# The three attentions of the model (docs/inspect.md): encoder self-attention, masked decoder
+# self-attention, encoder-decoder ("cross") attention.
+ATTENTION_KINDS = ("enc-self", "dec-self", "cross")
 
 
 def sinusoid_table(max_positions: int, d_model: int) -> Tensor:
@@ -393,8 +398,9 @@ class Transformer(nn.Module):
         """Pre-softmax projection: h (B, T, D) -> logits (B, T, V_tgt)."""
         return self.out_proj(h)
 
-    def decode(self, prev_output_tokens: Tensor, enc: EncoderOut) -> Tensor:
-        """Teacher-forced decoder: prev_output_tokens (B, T) -> logits (B, T, V_tgt)."""
+    def decode(self, prev_output_tokens: Tensor, enc: EncoderOut, logits: bool = True) -> Tensor:
+        """Teacher-forced decoder: prev_output_tokens (B, T) -> logits (B, T, V_tgt), or with
+        logits=False the final hidden states (B, T, D) (no output projection)."""
         x = self.tgt_embed(prev_output_tokens) * self.embed_scale
         x = x + self.tgt_pos(prev_output_tokens.size(1))
         x = F.dropout(x, self.cfg.dropout, self.training)  # (B, T, D)
@@ -403,11 +409,52 @@ class Transformer(nn.Module):
             x = layer(x, enc.out, mask)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.output_logits(x)
+        return self.output_logits(x) if logits else x
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         """(B, S) long, (B, T) long -> logits (B, T, V_tgt) (in the autocast dtype, if any)."""
         return self.decode(prev_output_tokens, self.encode(src_tokens))
+
+    # ---- attention weights on request ----------------------------------------------------------
+    def attention_modules(self, kind: str) -> list[MultiheadAttention]:
+        """The attention modules of one kind (ATTENTION_KINDS), one per layer, bottom first."""
+        if kind == "enc-self":
+            return [layer.self_attn for layer in self.encoder_layers]
+        if kind == "dec-self":
+            return [layer.self_attn for layer in self.decoder_layers]
+        if kind == "cross":
+            return [layer.cross_attn for layer in self.decoder_layers]
+        raise ValueError(f"unknown attention kind {kind!r} (expected one of {', '.join(ATTENTION_KINDS)})")
+
+    def forward_with_attention(self, src_tokens: Tensor, prev_output_tokens: Tensor,
+                               which: dict[str, list[int] | None] | None = None, logits: bool = True
+                               ) -> tuple[Tensor | None, dict[str, dict[int, Tensor]]]:
+        """A teacher-forced forward pass that also returns attention weights.
+
+        which: kind -> 0-based layer indices (None: every layer); default every layer of every
+        kind. Only those modules leave the SDPA path (memory: B x h x rows x cols floats each).
+        Returns (logits (B, T, V_tgt), or None with logits=False, which skips the output
+        projection: alignments need no (B, T, V) tensor; {kind: {layer: weights}}) with weights float32 of
+        enc-self (B, h, S, S), dec-self (B, h, T, T), cross (B, h, T, S): post-softmax, before
+        dropout; row t of the decoder's is the query of input position t, which predicts output
+        token t. Rows of padded queries are computed but meaningless; padded keys get exactly 0.
+        """
+        which = {k: None for k in ATTENTION_KINDS} if which is None else which
+        picked: list[tuple[str, int]] = []
+        modules: list[MultiheadAttention] = []
+        for kind, layers in which.items():
+            mods = self.attention_modules(kind)
+            for i in range(len(mods)) if layers is None else layers:
+                if not 0 <= i < len(mods):
+                    raise ValueError(f"{kind} layer {i} out of range (the model has {len(mods)})")
+                picked.append((kind, i))
+                modules.append(mods[i])
+        with capture_attention(modules) as stores:
+            out_logits = self.decode(prev_output_tokens, self.encode(src_tokens), logits=logits)
+        out: dict[str, dict[int, Tensor]] = {kind: {} for kind in which}
+        for (kind, i), store in zip(picked, stores):
+            out[kind][i] = store[0]
+        return (out_logits if logits else None), out
 
     # ---- incremental decoding ------------------------------------------------------------------
     def new_cache(self, max_len: int | None = None) -> DecoderCache:

@@ -1,0 +1,250 @@
+"""Forced decoding: the scores, attention weights and word alignments of given target sentences.
+
+Why a teacher-forced pass of its own, beside the search: the search's incremental decoder runs on
+SDPA, which never exposes the attention weights, and it only scores what it finds. One forward
+pass over a whole given target (which equals the incremental decoder within 1e-5,
+docs/internals.md) gives
+- the log-probability of any translation (fairseq's `--score-reference`, marian-scorer), with
+  the search's own length penalty, so that a beam hypothesis fed back gets the score the beam
+  reported;
+- through `Transformer.forward_with_attention` (the explicit softmax path, only for the layers
+  asked for), the attention weights of that translation: pictures and alignments.
+The search code is untouched, so hypotheses stay byte-identical when none of this is asked for.
+
+Conventions (docs/inspect.md): a target of n tokens is fed as `<s> y1 .. yn` and predicts
+`y1 .. yn </s>`; row t of decoder attention is the query that predicts output token t (fairseq's
+alignment convention); the source is `x1 .. xm </s>`. Alignment pairs are `source-target`,
+0-based, over the tokens without `</s>` (fairseq's A- lines, Pharaoh format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from nmtkit.generation.search import length_penalty
+
+BOS_SYMBOL, EOS_SYMBOL = "<s>", "</s>"
+SPM_SPACE = "\u2581"  # sentencepiece's word-start marker
+ALIGNMENT_LEVELS = ("subword", "words")
+
+
+@dataclass(frozen=True)
+class PairScore:
+    """The score of one given target for its source (natural logarithms)."""
+
+    logprob: float  # sum of the token log-probabilities, </s> included
+    tokens: int  # |Y|: target tokens + 1 (the </s>)
+    score: float  # logprob / lp(|Y|): the number the beam search ranks by
+    positional_scores: list[float] = field(default_factory=list)  # `tokens` entries
+
+
+def collate_targets(targets: Sequence[Sequence[int]], bos: int, eos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoder inputs `<s> y` and outputs `y </s>`, right-padded: two (N, T) long, T = longest + 1."""
+    T = max(len(t) for t in targets) + 1
+    prev = np.full((len(targets), T), pad, dtype=np.int64)
+    out = np.full((len(targets), T), pad, dtype=np.int64)
+    for r, t in enumerate(targets):
+        n = len(t)
+        prev[r, 0] = bos
+        prev[r, 1:n + 1] = t
+        out[r, :n] = t
+        out[r, n] = eos
+    return torch.from_numpy(prev), torch.from_numpy(out)
+
+
+def forced_pass(models: Sequence[torch.nn.Module], src: torch.Tensor, targets: Sequence[Sequence[int]], *,
+                bos: int, eos: int, pad: int, cross_layer: int | None = None,
+                want_scores: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Teacher-force `targets` (N lists of ids without </s>) on `src` (N, S) through every model.
+
+    Returns (token log-probs (N, T) float32 on the CPU, 0 after each row's </s>; the ensemble's
+    mean of the models' log-softmaxes, as the search computes it) and, when `cross_layer` is
+    given (0-based; negative counts from the top), the encoder-decoder attention of that layer
+    averaged over heads and models (N, T, S) float32 on the CPU (fairseq's alignment source).
+    """
+    device = src.device
+    prev, out = collate_targets(targets, bos, eos, pad)
+    prev, out = prev.to(device), out.to(device)  # (N, T)
+    lp_sum = attn_sum = None
+    with torch.inference_mode():
+        for m in models:
+            if cross_layer is None:
+                logits = m(src, prev)  # (N, T, V)
+            else:
+                n_layers = len(m.attention_modules("cross"))
+                layer = cross_layer % n_layers
+                logits, w = m.forward_with_attention(src, prev, which={"cross": [layer]}, logits=want_scores)
+                a = w["cross"][layer].mean(dim=1)  # (N, T, S) averaged over heads
+                attn_sum = a if attn_sum is None else attn_sum + a
+            if want_scores:
+                lp = _target_logprobs(logits, out)  # (N, T)
+                lp_sum = lp if lp_sum is None else lp_sum + lp
+            del logits
+    k = len(models)
+    lp = None if lp_sum is None else (lp_sum / k if k > 1 else lp_sum).masked_fill(out.eq(pad), 0.0).cpu()
+    attn = None if attn_sum is None else (attn_sum / k if k > 1 else attn_sum).cpu()
+    return lp, attn
+
+
+def _target_logprobs(logits: torch.Tensor, out: torch.Tensor, rows: int = 16) -> torch.Tensor:
+    """log_softmax(logits.float())[out] per position: (N, T, V), (N, T) -> (N, T) float32.
+
+    In chunks of `rows` sentences, so that the float32 log-softmax never holds more than
+    rows x T x V values besides the logits (a 32k vocabulary and 640 hypotheses of 60 tokens
+    would otherwise need 5 GB more).
+    """
+    parts = [torch.log_softmax(logits[i:i + rows].float(), dim=-1).gather(2, out[i:i + rows].unsqueeze(-1)).squeeze(-1)
+             for i in range(0, logits.size(0), rows)]
+    return torch.cat(parts) if parts else logits.new_zeros(out.shape, dtype=torch.float32)
+
+
+def pair_score(token_lp: Sequence[float], lenpen: float, form: str) -> PairScore:
+    """PairScore of one target's per-token log-probs (its </s> last), with the search's penalty."""
+    pos = [float(x) for x in token_lp]
+    logprob = float(sum(pos))
+    return PairScore(logprob, len(pos), logprob / length_penalty(float(len(pos)), lenpen, form), pos)
+
+
+# ---------------------------------------------------------------------------------------------
+# alignments
+
+
+def hard_alignment(attn: torch.Tensor | np.ndarray, n_src: int, n_tgt: int) -> list[tuple[int, int]]:
+    """(source, target) pairs, one per target token: the source token it attends to most.
+
+    attn: (>= n_tgt, >= n_src) head-averaged cross-attention of one hypothesis; the </s> row and
+    column and any padding are left out, as fairseq's `extract_hard_alignment` does.
+    """
+    if n_tgt == 0 or n_src == 0:
+        return []
+    a = torch.as_tensor(attn)[:n_tgt, :n_src]
+    return [(int(s), t) for t, s in enumerate(a.argmax(dim=1).tolist())]
+
+
+def word_index(pieces: Sequence[str], kind: str) -> list[int]:
+    """The word (0-based) of each subword piece: how the detokenizer will join them.
+
+    sentencepiece: a piece starting with "▁" starts a word; subword-nmt: a piece ending in "@@"
+    continues into the next; none (whitespace tokens): every piece is a word. The first piece
+    always starts word 0.
+    """
+    out: list[int] = []
+    w = -1
+    for i, p in enumerate(pieces):
+        if kind == "sentencepiece":
+            new = i == 0 or p.startswith(SPM_SPACE)
+        elif kind == "subword-nmt":
+            new = i == 0 or not pieces[i - 1].endswith("@@")
+        else:
+            new = True
+        w += new
+        out.append(w)
+    return out
+
+
+def word_strings(pieces: Sequence[str], words: Sequence[int], decode: Callable[[list[str]], str]) -> list[str]:
+    """Each word's text: its pieces detokenized."""
+    groups: list[list[str]] = []
+    for p, w in zip(pieces, words):
+        if w == len(groups):
+            groups.append([])
+        groups[w].append(p)
+    return [decode(g) for g in groups]
+
+
+def word_alignment(pairs: Sequence[tuple[int, int]], src_words: Sequence[int],
+                   tgt_words: Sequence[int]) -> list[tuple[int, int]]:
+    """Subword pairs -> word pairs: two words are aligned when any of their pieces are (the usual
+    conversion, e.g. Garg et al. 2019); sorted by target word, then source word."""
+    return sorted({(src_words[s], tgt_words[t]) for s, t in pairs}, key=lambda p: (p[1], p[0]))
+
+
+def format_alignment(pairs: Sequence[tuple[int, int]]) -> str:
+    """`0-0 1-2 ...`: source-target pairs, fairseq's A- line body (Pharaoh format)."""
+    return " ".join(f"{s}-{t}" for s, t in pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention of one sentence pair, for pictures and notebooks
+
+
+def merge_groups(w: np.ndarray, row_groups: Sequence[int], col_groups: Sequence[int]) -> np.ndarray:
+    """Merge subword rows/columns of `w` (..., R, C) into words: sum over the columns of a word
+    (the attention a query gives the whole word), mean over its rows (the word's pieces as one
+    query), as alignment work does. Rows that summed to 1 still do. Groups are contiguous,
+    non-decreasing word indices per row / column."""
+    col_starts = np.flatnonzero(np.r_[True, np.diff(col_groups) != 0])
+    row_starts = np.flatnonzero(np.r_[True, np.diff(row_groups) != 0])
+    summed = np.add.reduceat(w, col_starts, axis=-1)  # (..., R, C')
+    counts = np.diff(np.r_[row_starts, len(row_groups)])  # pieces per row word
+    return np.add.reduceat(summed, row_starts, axis=-2) / counts[:, None]  # (..., R', C')
+
+
+@dataclass
+class Attention:
+    """Every attention weight of a model for one source and one target (docs/inspect.md).
+
+    Weights are post-softmax, before dropout, per layer (bottom first) and head, float32:
+    `enc_self` (layers, heads, S, S): rows and columns `source_tokens`;
+    `dec_self` (layers, heads, T, T): rows `target_tokens` (the token each query predicts),
+    columns `decoder_inputs`; `cross` (layers, heads, T, S): rows `target_tokens`, columns
+    `source_tokens`. Each row sums to 1; the future (dec_self) is exactly 0.
+    """
+
+    source_tokens: list[str]  # source pieces + "</s>"
+    target_tokens: list[str]  # target pieces + "</s>"
+    decoder_inputs: list[str]  # "<s>" + target pieces
+    enc_self: np.ndarray
+    dec_self: np.ndarray
+    cross: np.ndarray
+    score: PairScore  # of the target (the search's length penalty)
+    target_given: bool  # True: teacher-forced on a given target; False: the model's own translation
+    level: str = "subword"  # "subword", or "words" after `words()`
+    source_word_of: list[int] = field(default_factory=list, repr=False)  # word of each source token
+    target_word_of: list[int] = field(default_factory=list, repr=False)  # word of each target token
+    source_words: list[str] = field(default_factory=list, repr=False)  # word strings, "</s>" last
+    target_words: list[str] = field(default_factory=list, repr=False)
+
+    def weights(self, kind: str) -> np.ndarray:
+        """The (layers, heads, rows, columns) array of one kind: enc-self, dec-self or cross."""
+        return {"enc-self": self.enc_self, "dec-self": self.dec_self, "cross": self.cross}[kind]
+
+    def labels(self, kind: str) -> tuple[list[str], list[str]]:
+        """(row labels, column labels) of one kind."""
+        return {"enc-self": (self.source_tokens, self.source_tokens),
+                "dec-self": (self.target_tokens, self.decoder_inputs),
+                "cross": (self.target_tokens, self.source_tokens)}[kind]
+
+    def words(self) -> "Attention":
+        """The same weights over words: a word's pieces merged by summing over the columns (keys)
+        and averaging over the rows (queries); </s> and <s> stay words of their own."""
+        if self.level == "words":
+            return self
+        sw, tw = self.source_word_of, self.target_word_of
+        dec_in = [0] + [w + 1 for w in tw[:-1]]  # <s> is word 0 of the decoder inputs
+        return replace(
+            self, level="words",
+            source_tokens=list(self.source_words), target_tokens=list(self.target_words),
+            decoder_inputs=[BOS_SYMBOL] + self.target_words[:-1],
+            enc_self=merge_groups(self.enc_self, sw, sw), dec_self=merge_groups(self.dec_self, tw, dec_in),
+            cross=merge_groups(self.cross, tw, sw),
+            source_word_of=list(range(len(self.source_words))), target_word_of=list(range(len(self.target_words))),
+        )
+
+    def to_dict(self, kind: str | None = None, layer: int | None = None, heads: Sequence[int] | None = None) -> dict:
+        """Plain lists for JSON: everything, or one kind / layer / heads (0-based indices)."""
+        out = {"level": self.level, "target_given": self.target_given, "source_tokens": self.source_tokens,
+               "target_tokens": self.target_tokens, "decoder_inputs": self.decoder_inputs,
+               "logprob": self.score.logprob, "score": self.score.score, "target_length": self.score.tokens}
+        for k in ("enc-self", "dec-self", "cross") if kind is None else (kind,):
+            w = self.weights(k)
+            if layer is not None:
+                w = w[layer]
+                if heads is not None:
+                    w = w[list(heads)]
+            out[k] = np.round(w.astype(np.float64), 6).tolist()
+        return out

@@ -1,0 +1,259 @@
+"""`nmtkit attention`: the attention of a model for a few sentences, as pictures or arrays.
+
+What it does: each source sentence (raw text given with --source, or sentences of a binarized
+split picked with --gen-subset/--index) is paired with a target (--target, the split's own
+target with --split-target, or by default the model's beam translation), teacher-forced through
+the model with the explicit softmax path (`Translator.attention`), optionally merged from
+subwords into words, and the chosen kind / layer / heads are written as one PNG per sentence
+(`nmtkit.training.attention_plot`), or as one JSON or NPZ file with the arrays and the token
+strings. Everything is computed and checked before the first file is written, so a bad
+sentence stops the run with nothing half-written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nmtkit.errors import UserError
+from nmtkit.generation.forced import Attention
+from nmtkit.generation.search import SearchConfig
+from nmtkit.models.loading import PRECISIONS
+from nmtkit.models.transformer import ATTENTION_KINDS
+from nmtkit.settings import group, setting
+
+FORMATS = ("png", "json", "npz")
+STYLES = ("heatmap", "lines")
+LEVELS = ("subword", "words")
+AXES = {  # kind -> (row axis, column axis) names in the pictures
+    "enc-self": ("source (queries)", "source (keys)"),
+    "dec-self": ("target (the token predicted)", "decoder input (keys)"),
+    "cross": ("target (the token predicted)", "source (keys)"),
+}
+
+
+def _heads(value: str | None) -> list[int] | None:
+    """--heads "1,3,5" -> [1, 3, 5] (1-based, as given); None or "all" -> None (every head)."""
+    if value is None or value.strip() == "all":
+        return None
+    try:
+        heads = [int(x) for x in value.split(",")]
+    except ValueError:
+        raise UserError(f"--heads takes head numbers separated by commas (1-based) or 'all', got {value!r}") from None
+    if len(set(heads)) != len(heads):
+        raise UserError(f"--heads names a head twice: {value!r}")
+    return heads
+
+
+@dataclass
+class AttentionOptions:
+    """Everything `nmtkit attention` needs; each `setting` field is one of its flags."""
+
+    data_dir: str = setting(flag="data_dir", argument=True, help="Preprocessed data directory (dictionaries, subword model, splits).")
+    path: str = setting(flag="--path", help="Checkpoint (one model).")
+    sources: list[str] = setting(default_factory=list, flag="--source", parse=list, metavar="TEXT", help="A raw source sentence; give it several times for several sentences.")
+    targets: list[str] = setting(default_factory=list, flag="--target", parse=list, metavar="TEXT", help="Its translation to teacher-force (one per --source) [default: the model's own beam translation].")
+    gen_subset: str | None = setting(None, flag="--gen-subset", help="Take the sentences from this binarized split instead (with --index).")
+    indices: list[int] = setting(default_factory=list, flag="--index", parse=list, metavar="N", help="0-based sentence number in --gen-subset (as in S-/H- lines); give it several times.")
+    split_target: bool = setting(False, flag="--split-target", help="With --gen-subset: teacher-force the split's own target sentences.")
+    kind: str = setting("cross", flag="--kind", help="enc-self (encoder self-attention), dec-self (masked decoder self-attention) or cross (encoder-decoder).")
+    layer: int | None = setting(None, flag="--layer", help="Layer, 1-based (the paper's 'layer 5 of 6') [default: the last].")
+    heads: str | None = setting(None, flag="--heads", help="Heads to show, 1-based, comma-separated (e.g. 5,6) [default: all].")
+    level: str = setting("subword", flag="--level", help="subword: the model's tokens; words: a word's pieces merged (sum over keys, mean over queries).")
+    style: str = setting("heatmap", flag="--style", help="PNG style: heatmap (a grid of heads) or lines (the paper's Figures 3-5: queries on top, keys below, a line per weight, a color per head).")
+    query: int | None = setting(None, flag="--query", help="--style lines: only this query token's lines (0-based position in the rows, as in alignment pairs; the paper's Figure 3).")
+    format: str = setting("png", flag="--format", help="png: one picture per sentence (needs the plot extra); json or npz: one file of arrays and tokens.")
+    output: str | None = setting(None, flag="--output", aliases=("-o",), help="File to write; with several sentences PNGs get -1, -2, ... before the suffix [default: attention.FORMAT].")
+    search: SearchConfig = group(SearchConfig)
+    device: str = setting("auto", flag="--device", help="auto, cpu, cuda, cuda:N or mps.")
+    precision: str = setting("fp32", flag="--precision", help="fp32, bf16 or fp16 (weights and activations; the weights are recorded in fp32).")
+    threads: int = setting(0, flag="--threads", help="CPU threads for torch (0 = torch's default).")
+    ema: bool = setting(False, flag="--ema", help="Use the checkpoint's EMA weights instead of the raw weights.")
+
+    @classmethod
+    def from_flags(cls, values: dict) -> "AttentionOptions":
+        """The options from the flags: --max-len-b not given depends on the data dir, as in generate."""
+        from nmtkit.generation.generator import default_max_len_b
+        from nmtkit.settings import construct
+
+        search = dict(values["search"])
+        if search["max_len_b"] is None:
+            search["max_len_b"] = default_max_len_b(values["data_dir"])
+        return construct(cls, {**values, "search": search})
+
+    def validate(self) -> None:
+        """UserError naming the flag for every impossible combination."""
+        for flag, v, allowed in (("--kind", self.kind, ATTENTION_KINDS), ("--level", self.level, LEVELS),
+                                 ("--format", self.format, FORMATS), ("--style", self.style, STYLES),
+                                 ("--precision", self.precision, tuple(PRECISIONS))):
+            if v not in allowed:
+                raise UserError(f"{flag} must be one of {', '.join(allowed)}, got {v!r}")
+        if self.gen_subset is None:
+            if self.indices or self.split_target:
+                raise UserError("--index and --split-target apply to --gen-subset")
+            if not self.sources:
+                raise UserError("give a sentence: --source TEXT (raw text), or --gen-subset SPLIT --index N")
+            if self.targets and len(self.targets) != len(self.sources):
+                raise UserError(f"--target: {len(self.targets)} given for {len(self.sources)} --source sentences "
+                                "(one target per source, or none for the model's own translations)")
+        else:
+            if self.sources:
+                raise UserError("--source and --gen-subset exclude each other (raw text or a binarized split)")
+            if not self.indices:
+                raise UserError("--gen-subset needs --index N (the 0-based sentence number; give it several times)")
+            if self.targets and self.split_target:
+                raise UserError("--target and --split-target exclude each other")
+            if self.targets and len(self.targets) != len(self.indices):
+                raise UserError(f"--target: {len(self.targets)} given for {len(self.indices)} --index sentences")
+            bad = [i for i in self.indices if i < 0]
+            if bad:
+                raise UserError(f"--index is a 0-based sentence number, got {bad[0]}")
+        if self.query is not None:
+            if self.style != "lines" or self.format != "png":
+                raise UserError("--query applies to --style lines (PNG)")
+            if self.query < 0:
+                raise UserError(f"--query is a 0-based token position, got {self.query}")
+        if self.layer is not None and self.layer < 1:
+            raise UserError(f"--layer is 1-based (1 = the lowest layer), got {self.layer}")
+        heads = _heads(self.heads)
+        if heads is not None and min(heads) < 1:
+            raise UserError(f"--heads are 1-based (1 = the first head), got {min(heads)}")
+        if self.threads < 0:
+            raise UserError(f"--threads must be >= 0 (0 = torch's default), got {self.threads}")
+        if self.search.sampling:
+            raise UserError("--sampling: the model's own translation here is its beam (or greedy) search result")
+
+    def output_path(self) -> Path:
+        return Path(self.output if self.output else f"attention.{self.format}")
+
+
+@dataclass
+class Selected:
+    """One sentence's chosen weights: (heads, rows, cols) with labels, and its whole Attention."""
+
+    attention: Attention
+    weights: np.ndarray
+    rows: list[str]
+    cols: list[str]
+
+
+def _items(opts: AttentionOptions, tr) -> list[tuple[str, object, str | None]]:
+    """(name, Item, raw target or None) per sentence, in the order given."""
+    targets = opts.targets or [None] * max(len(opts.sources), len(opts.indices))
+    if opts.gen_subset is None:
+        trunc = tr.truncations(lambda i: f"--source {i + 1}", "--source")
+        items = list(tr.items(opts.sources, trunc))
+        return [(f"--source {it.index + 1}", it, t) for it, t in zip(items, targets)]
+    from nmtkit.data.shards import load_split
+    from nmtkit.generation.translator import Item
+
+    src = load_split(opts.data_dir, opts.gen_subset, tr.src_lang)
+    tgt = load_split(opts.data_dir, opts.gen_subset, tr.tgt_lang) if opts.split_target else None
+    trunc = tr.truncations(lambda i: f"--index {i}", "--index")
+    out = []
+    for i, target in zip(opts.indices, targets):
+        if i >= len(src):
+            raise UserError(f"--index {i}: split {opts.gen_subset!r} has {len(src)} sentences (0..{len(src) - 1})")
+        item = Item(i, trunc(i, np.asarray(src[i])), None if tgt is None else np.asarray(tgt[i]))
+        out.append((f"--index {i}", item, target))
+    return out
+
+
+def collect(opts: AttentionOptions, tr) -> tuple[list[Selected], int, list[int]]:
+    """The attention of every sentence; (selected per sentence, the layer, the heads), 1-based."""
+    n_layers = len(tr.models[0].attention_modules(opts.kind))
+    layer = n_layers if opts.layer is None else opts.layer
+    if layer > n_layers:
+        side = "encoder" if opts.kind == "enc-self" else "decoder"
+        raise UserError(f"--layer {layer} is out of range: the model has {n_layers} {side} layers (1..{n_layers})")
+    n_heads = tr.models[0].attention_modules(opts.kind)[0].heads
+    heads = _heads(opts.heads) or list(range(1, n_heads + 1))
+    if max(heads) > n_heads:
+        raise UserError(f"--heads {max(heads)} is out of range: the model has {n_heads} heads (1..{n_heads})")
+    out = []
+    for k, (name, item, target) in enumerate(_items(opts, tr)):
+        a = tr.attention_of_item(item, target, where=name, target_where=f"--target {k + 1}")
+        if opts.level == "words":
+            a = a.words()
+        rows, cols = a.labels(opts.kind)
+        if opts.query is not None and opts.query >= len(rows):
+            raise UserError(f"--query {opts.query}: {name} has {len(rows)} query tokens (0..{len(rows) - 1}) "
+                            f"at the {opts.level} level")
+        w = a.weights(opts.kind)[layer - 1][[h - 1 for h in heads]]  # (heads, rows, cols)
+        out.append(Selected(a, w, rows, cols))
+    return out, layer, heads
+
+
+def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
+    """Run `nmtkit attention`: compute everything, then write the file(s); returns their paths."""
+    from nmtkit.generation.translator import Translator, prepare_runtime, warn_stderr
+
+    opts.validate()
+    warn = warn or warn_stderr
+    if opts.format == "png":  # before the model is loaded: a missing extra is reported at once
+        from nmtkit.training.attention_plot import import_pyplot
+
+        import_pyplot()
+    device, dtype = prepare_runtime(opts.device, opts.precision, opts.threads, warn)
+    tr = Translator.open([opts.path], opts.data_dir, device, dtype, ema=opts.ema, warn=warn, search=opts.search)
+    sentences, layer, heads = collect(opts, tr)
+    n_layers = len(tr.models[0].attention_modules(opts.kind))
+    out = opts.output_path()
+    meta = {"kind": opts.kind, "layer": layer, "layers": n_layers, "heads": heads, "level": opts.level}
+    if opts.format == "json":
+        doc = {**meta, "sentences": [_sentence_json(s) for s in sentences]}
+        from nmtkit.io import atomic_write
+
+        with atomic_write(out, "w") as fh:
+            json.dump(doc, fh, ensure_ascii=False)
+            fh.write("\n")
+        return [out]
+    if opts.format == "npz":
+        return [_write_npz(out, meta, sentences)]
+    from nmtkit.training.attention_plot import draw_heads, draw_lines
+
+    paths = [out] if len(sentences) == 1 else [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}")
+                                               for i in range(len(sentences))]
+    row_axis, col_axis = AXES[opts.kind]
+    side = "encoder" if opts.kind == "enc-self" else "decoder"
+    for s, p in zip(sentences, paths):
+        what = "given target" if s.attention.target_given else "the model's translation"
+        title = (f"{opts.kind} attention, {side} layer {layer} of {n_layers}\n({opts.level} level; target: {what}, "
+                 f"log-prob {s.attention.score.logprob:.2f})")
+        if opts.style == "lines":
+            draw_lines(s.weights, s.rows, s.cols, heads, title, p, query=opts.query)
+        else:
+            draw_heads(s.weights, s.rows, s.cols, heads, title, p, row_axis, col_axis)
+    return paths
+
+
+def _sentence_json(s: Selected) -> dict:
+    a = s.attention
+    return {"source_tokens": a.source_tokens, "target_tokens": a.target_tokens, "decoder_inputs": a.decoder_inputs,
+            "rows": s.rows, "columns": s.cols, "target_given": a.target_given, "logprob": a.score.logprob,
+            "score": a.score.score, "weights": np.round(s.weights.astype(np.float64), 6).tolist()}
+
+
+def _write_npz(out: Path, meta: dict, sentences: list[Selected]) -> Path:
+    """One .npz: per sentence i `weights_i` (heads, rows, cols) float32, `rows_i`, `columns_i`,
+    `source_tokens_i`, `target_tokens_i` (str arrays), `logprob_i`; and the selection."""
+    from nmtkit.io import atomic_write
+
+    arrays: dict[str, np.ndarray] = {"kind": np.array(meta["kind"]), "layer": np.array(meta["layer"]),
+                                     "heads": np.array(meta["heads"]), "level": np.array(meta["level"])}
+    for i, s in enumerate(sentences):
+        arrays[f"weights_{i}"] = s.weights.astype(np.float32)
+        arrays[f"rows_{i}"] = np.array(s.rows, dtype=str)
+        arrays[f"columns_{i}"] = np.array(s.cols, dtype=str)
+        arrays[f"source_tokens_{i}"] = np.array(s.attention.source_tokens, dtype=str)
+        arrays[f"target_tokens_{i}"] = np.array(s.attention.target_tokens, dtype=str)
+        arrays[f"logprob_{i}"] = np.array(s.attention.score.logprob)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    with atomic_write(out, "wb", encoding=None) as fh:
+        fh.write(buf.getvalue())
+    return out
