@@ -15,11 +15,10 @@ from nmtkit.export.exporter import ExportOptions
 def export_command(opts: ExportOptions) -> None:
     """Export a checkpoint and its data directory's dictionaries and subword model(s) as one
     self-contained directory for CTranslate2; `nmtkit generate --path DIR` translates with it."""
-    from rich.console import Console
-
+    from nmtkit.console import plain_text, stderr_console
     from nmtkit.export.exporter import export
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    with err.status("export") as spinner:
-        result = export(opts, status=lambda msg: spinner.update(f"export: {msg}"))
+    # plain text: a path with [brackets] or :colons: stays as it is (no markup, no emoji)
+    with stderr_console().status(plain_text("export")) as spinner:
+        result = export(opts, status=lambda msg: spinner.update(plain_text(f"export: {msg}")))
     print(result.line())
