@@ -316,6 +316,13 @@ def test_translator_refusals(setup):  # noqa: F811
         with pytest.raises(UserError, match=re.escape(needle)):
             call()
     assert tr.score(["der Hund"], [""])[0].tokens == 1  # the empty translation: </s> alone
+    # a translator without nmtkit's own models (e.g. one running an export directory elsewhere)
+    tr.models = []
+    for call in (lambda: tr.score(["der Hund"], ["the dog"]), lambda: tr.attention("der Hund"),
+                 lambda: tr.attention_of_item(tr.encode(["der Hund"])[0]), lambda: tr.score_items([]),
+                 lambda: tr.align_items([], {})):
+        with pytest.raises(UserError, match="needs nmtkit's own model: load the checkpoint"):
+            call()
 
 
 def test_merge_groups_by_hand():

@@ -488,6 +488,14 @@ class Translator:
             raise UserError(f"{where}: the target has {len(ids)} tokens; the model accepts at most {limit}")
         return ids
 
+    def _own_models(self, what: str) -> None:
+        """UserError unless this translator runs nmtkit's own models: forced decoding and attention
+        read them directly (a translator without them, like one of an export directory run by
+        CTranslate2, has none to read)."""
+        if not self.models:
+            raise UserError(f"{what} needs nmtkit's own model: load the checkpoint and its data directory "
+                            "(an export directory is run by CTranslate2, which exposes no attention or forced scores)")
+
     def _layer(self, layer: int, kind: str = "cross") -> int:
         """A 0-based (negative: from the top) layer index checked against every model."""
         n = min(len(m.attention_modules(kind)) for m in self.models)
@@ -506,6 +514,7 @@ class Translator:
         hypothesis fed back gets the score the search reported (unk_penalty and the search's
         length rules are not applied: this is the model's probability of the given text).
         """
+        self._own_models("scoring given translations")
         cfg = self.search_config()
         t = self.tgt_dict
         layer = None if alignment_layer is None else self._layer(alignment_layer)
@@ -535,6 +544,7 @@ class Translator:
         """Subword alignments (source, target) of each item's hypotheses (`translate_items`'s
         results), from the head-averaged cross-attention of decoder `layer` (0-based, -1 = the
         last, as fairseq), averaged over an ensemble's models: one teacher-forced pass per batch."""
+        self._own_models("alignments")
         layer = self._layer(layer)
         t = self.tgt_dict
         out: dict[int, list[list[tuple[int, int]]]] = {}
@@ -576,6 +586,7 @@ class Translator:
         a target piece outside the dictionary or lists of different lengths are UserErrors (an
         empty target is the empty translation).
         """
+        self._own_models("score")
         if isinstance(sources, str) or isinstance(targets, str):
             raise UserError("score takes two lists of sentences; wrap single ones: score([src], [tgt])")
         sources, targets = list(sources), list(targets)
@@ -600,6 +611,7 @@ class Translator:
         else the model's own best translation (search settings as in `translate`, overridable
         here). One model only (load one checkpoint). See `nmtkit.generation.forced.Attention`:
         per-layer, per-head arrays with the token strings; `.words()` merges subwords."""
+        self._own_models("attention")
         if not isinstance(src, str) or (tgt is not None and not isinstance(tgt, str)):
             raise UserError("attention takes one source sentence (a str) and optionally one target (a str)")
         (item,) = self.encode([src])
@@ -610,7 +622,8 @@ class Translator:
         """`attention` for an Item (raw text from `encode`, or a binarized split's): the target is
         `tgt` (raw text), else the item's `target_ids`, else the model's own translation. Errors
         name the sentence as `where` (and a bad target as `target_where`)."""
-        if len(self.models) != 1:
+        self._own_models("attention")
+        if len(self.models) > 1:
             raise UserError(f"attention is per model: this translator holds {len(self.models)}; load one checkpoint")
         if len(item.ids) == 0:
             raise UserError(f"{where}: empty source sentence")
