@@ -11,6 +11,7 @@ import contextlib
 import errno
 import gzip
 import io
+import json
 import os
 import shutil
 import sys
@@ -39,6 +40,14 @@ def require_file(path: str | os.PathLike, flag: str) -> None:
     if os.path.isdir(path):
         raise UserError(f"{flag} {path} is a directory, not a file")
     raise UserError(f"{flag} {path}: no such file")
+
+
+def read_json(path: Path) -> object:
+    """The JSON value in file `path` (UTF-8); UserError naming the file when it is not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON: {e}") from None
 
 
 def _open_binary(path: str | os.PathLike) -> IO[bytes]:

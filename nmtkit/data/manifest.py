@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from nmtkit.errors import UserError
+from nmtkit.io import read_json
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "nmtkit-data"
@@ -43,10 +44,7 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
             f"{d} is not a complete nmtkit data directory (no {MANIFEST_NAME}; "
             "an interrupted 'nmtkit preprocess' never writes one): rerun nmtkit preprocess"
         )
-    try:
-        m = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{p}: not valid JSON: {e}") from None
+    m = read_json(p)
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise UserError(f"{p}: not an nmtkit data manifest (format is not {FORMAT_NAME!r})")
     if m.get("format_version") != FORMAT_VERSION:

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nmtkit.errors import UserError
+from nmtkit.io import read_json
 
 INFO_NAME = "nmtkit.json"
 FORMAT_NAME = "nmtkit-export"
@@ -55,10 +56,7 @@ def load_export(path: str | os.PathLike) -> dict:
     p = d / INFO_NAME
     if not p.is_file():
         raise UserError(f"{d} is not an nmtkit export directory (no {INFO_NAME}; make one with nmtkit export)")
-    try:
-        info = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{p}: not valid JSON: {e}") from None
+    info = read_json(p)
     if not isinstance(info, dict) or info.get("format") != FORMAT_NAME:
         raise UserError(f"{p}: not an nmtkit export description (format is not {FORMAT_NAME!r})")
     if not isinstance(info.get("format_version"), int) or info["format_version"] > FORMAT_VERSION:
