@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -13,6 +17,7 @@ from nmtkit.data.shards import (
     ShardSetWriter,
     ShardWriter,
     dtype_for_vocab,
+    load_split,
 )
 from nmtkit.errors import UserError
 
@@ -23,6 +28,10 @@ def test_dtype_for_vocab():
     assert dtype_for_vocab(257) == np.uint16
     assert dtype_for_vocab(65536) == np.uint16
     assert dtype_for_vocab(65537) == np.uint32
+    # ids 0 .. 2**32 - 1 still fit in uint32; one more entry does not
+    assert dtype_for_vocab(1 << 32) == np.uint32
+    with pytest.raises(ValueError, match=r"^vocabulary of 4294967297 entries does not fit in uint32$"):
+        dtype_for_vocab((1 << 32) + 1)
 
 
 def _flat(sents):
@@ -102,3 +111,189 @@ def test_truncated_or_foreign_files_are_user_errors(tmp_path):
     (tmp_path / "a.idx").unlink()
     with pytest.raises(UserError, match="missing"):
         IndexedShard(tmp_path / "a.bin", tmp_path / "a.idx", "uint16")
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_writer_reports_checksums_of_both_files(tmp_path):
+    w = ShardWriter(tmp_path / "c.bin", tmp_path / "c.idx", np.dtype("u1"))
+    w.add(*_flat([[9, 8], [7]]))
+    info = w.close()
+    # checked against hashlib over the bytes on disk (the manifest records these)
+    assert info.bin_sha256 == hashlib.sha256(bytes([9, 8, 7])).hexdigest() == _sha(tmp_path / "c.bin")
+    assert info.idx_sha256 == _sha(tmp_path / "c.idx")
+    assert info.idx_sha256 != hashlib.sha256(b"").hexdigest()
+
+
+@pytest.mark.parametrize("dtype,sents", [
+    ("uint8", [[0, 255], [17]]),
+    ("uint16", [[256, 65535], [], [1]]),  # values that need the wider dtype
+    ("uint32", [[65536], [4294967295, 3]]),
+])
+def test_round_trip_per_dtype(tmp_path, dtype, sents):
+    w = ShardSetWriter(tmp_path, "train", "de", np.dtype(dtype), shard_size=100)
+    w.add(*_flat(sents))
+    (info,) = w.close()
+    assert info.dtype == dtype
+    # the .bin holds the ids little-endian, itemsize bytes each, as documented
+    width = np.dtype(dtype).itemsize
+    expect = b"".join(t.to_bytes(width, "little") for s in sents for t in s)
+    assert (tmp_path / info.bin).read_bytes() == expect
+    sh = IndexedShard(tmp_path / info.bin, tmp_path / info.idx, dtype)
+    assert [sh[i].tolist() for i in range(len(sh))] == sents
+    assert sh.sizes.tolist() == [len(s) for s in sents]
+    assert sh.tokens.dtype == np.dtype(dtype) and len(sh.tokens) == sum(map(len, sents))
+
+
+def test_set_writer_keeps_its_dtype_for_every_shard(tmp_path):
+    w = ShardSetWriter(tmp_path, "train", "en", np.dtype("<u2"), shard_size=2)
+    w.add(*_flat([[1, 2], [3], [4, 5, 6]]))
+    infos = w.close()
+    assert [i.dtype for i in infos] == ["uint16", "uint16"]
+    assert (tmp_path / infos[1].bin).read_bytes() == np.array([4, 5, 6], "<u2").tobytes()
+    # closing again changes nothing (no new empty shard, same list)
+    assert w.close() == infos and len(list(tmp_path.glob("*.bin"))) == 2
+
+
+def test_set_writer_refuses_ids_that_disagree_with_lengths(tmp_path):
+    w = ShardSetWriter(tmp_path, "train", "en", np.dtype("u1"), shard_size=2)
+    with pytest.raises(ValueError, match=r"^2 ids but the lengths add up to 3$"):
+        w.add(np.array([1, 2]), np.array([1, 2]))
+
+
+def test_shards_are_read_only_views(tmp_path):
+    w = ShardWriter(tmp_path / "r.bin", tmp_path / "r.idx", np.dtype("u1"))
+    w.add(*_flat([[1, 2, 3]]))
+    w.close()
+    before = (tmp_path / "r.bin").read_bytes(), (tmp_path / "r.idx").read_bytes()
+    sh = IndexedShard(tmp_path / "r.bin", tmp_path / "r.idx", "uint8")
+    # a reader must never be able to change a data directory through its maps
+    assert not sh.offsets.flags.writeable and not sh.tokens.flags.writeable
+    with pytest.raises(ValueError):
+        sh.tokens[0] = 7
+    del sh
+    assert ((tmp_path / "r.bin").read_bytes(), (tmp_path / "r.idx").read_bytes()) == before
+
+
+def test_all_empty_shard_has_an_empty_token_array(tmp_path):
+    w = ShardWriter(tmp_path / "e.bin", tmp_path / "e.idx", np.dtype("<u2"))
+    w.add(*_flat([[], []]))
+    w.close()
+    sh = IndexedShard(tmp_path / "e.bin", tmp_path / "e.idx", "uint16")
+    assert sh.tokens.dtype == np.uint16 and len(sh.tokens) == 0
+    assert sh.sizes.tolist() == [0, 0]
+
+
+def test_exact_corruption_messages(tmp_path):
+    w = ShardWriter(tmp_path / "a.bin", tmp_path / "a.idx", np.dtype("<u2"))
+    w.add(*_flat([[1, 2, 3], [4]]))
+    w.close()
+    a_bin, a_idx = tmp_path / "a.bin", tmp_path / "a.idx"
+    with pytest.raises(UserError) as e:
+        IndexedShard(a_bin, a_idx, "uint32")
+    assert str(e.value) == f"{a_bin}: 8 bytes but its index says 4 tokens of uint32 (truncated or corrupt)"
+    idx = a_idx.read_bytes()
+    # an index cut at a byte that is not an offset boundary is still a clean refusal
+    a_idx.write_bytes(idx[:-3])
+    with pytest.raises(UserError) as e:
+        IndexedShard(a_bin, a_idx, "uint16")
+    assert str(e.value) == f"{a_idx}: truncated or corrupt shard index ({len(idx) - 3} bytes for 2 sentences)"
+    a_idx.write_bytes(idx[:10])  # shorter than the header
+    with pytest.raises(UserError, match=re.escape(f"{a_idx}: not an nmtkit shard index (bad header)")):
+        IndexedShard(a_bin, a_idx, "uint16")
+    a_idx.write_bytes(idx[:8] + np.array([-1], "<i8").tobytes())  # a negative count
+    with pytest.raises(UserError, match=re.escape("(16 bytes for -1 sentences)")):
+        IndexedShard(a_bin, a_idx, "uint16")
+
+
+def test_dataset_of_no_shards_is_empty():
+    ds = ShardedDataset([])
+    assert len(ds) == 0 and ds.num_tokens == 0 and list(ds) == []
+    assert ds.sizes.dtype == np.int64 and ds.sizes.tolist() == []
+    with pytest.raises(IndexError, match=r"^sentence index 0 out of range for 0 sentences$"):
+        ds[0]
+
+
+def test_dataset_index_bounds(tmp_path):
+    w = ShardSetWriter(tmp_path, "train", "de", np.dtype("u1"), shard_size=2)
+    w.add(*_flat([[4], [5, 6], [7]]))
+    infos = w.close()
+    ds = ShardedDataset([IndexedShard(tmp_path / i.bin, tmp_path / i.idx, i.dtype) for i in infos])
+    assert ds.num_tokens == 4 and ds[-3].tolist() == [4] and ds[np.int64(2)].tolist() == [7]
+    with pytest.raises(IndexError, match=r"^sentence index 3 out of range for 3 sentences$"):
+        ds[3]
+    with pytest.raises(IndexError, match=r"^sentence index -1 out of range for 3 sentences$"):
+        ds[-4]
+
+
+# --- load_split: a data directory written by hand (manifest.json as docs/formats.md describes) ---
+
+def _data_dir(tmp_path):
+    """train (2 shards) and valid splits, de in uint16 and en in uint8, manifest with checksums."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    corpus = {
+        "train": {"de": [[300, 4], [5], [6, 7, 8]], "en": [[4], [9, 10], [11]]},
+        "valid": {"de": [[12]], "en": [[13, 14]]},
+    }
+    dtypes = {"de": np.dtype("<u2"), "en": np.dtype("u1")}
+    splits, files = {}, {"dict.de.txt": "0" * 64}
+    for split, by_lang in corpus.items():
+        infos = {}
+        for lang, sents in by_lang.items():
+            w = ShardSetWriter(d, split, lang, dtypes[lang], shard_size=2)
+            w.add(*_flat(sents))
+            infos[lang] = w.close()
+        shards = []
+        for k in range(len(infos["de"])):
+            entry = {"sentences": infos["de"][k].sentences}
+            for lang in ("de", "en"):
+                i = infos[lang][k]
+                entry[lang] = {"bin": i.bin, "idx": i.idx, "dtype": i.dtype, "tokens": i.tokens}
+                files[i.bin], files[i.idx] = i.bin_sha256, i.idx_sha256
+            shards.append(entry)
+        splits[split] = {"sentences": len(by_lang["de"]), "shards": shards}
+    manifest = {"format": "nmtkit-data", "format_version": 1, "complete": True, "source_lang": "de",
+                "target_lang": "en", "splits": splits, "files": files}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return d, corpus
+
+
+def test_load_split_reads_every_split_and_language(tmp_path):
+    d, corpus = _data_dir(tmp_path)
+    for split in ("train", "valid"):
+        for lang in ("de", "en"):
+            ds = load_split(d, split, lang)
+            assert [x.tolist() for x in ds] == corpus[split][lang], (split, lang)
+            assert ds.sizes.tolist() == [len(s) for s in corpus[split][lang]]
+    assert len(load_split(d, "train", "de").shards) == 2
+
+
+def test_load_split_refusals(tmp_path):
+    d, _ = _data_dir(tmp_path)
+    with pytest.raises(UserError) as e:
+        load_split(d, "test", "de")
+    assert str(e.value) == f"{d}: no split 'test' (it has train, valid)"
+    with pytest.raises(UserError) as e:
+        load_split(d, "train", "fr")
+    assert str(e.value) == f"{d}: no language 'fr' (it has de and en)"
+
+
+def test_load_split_verifies_only_its_own_shards_by_default(tmp_path):
+    d, corpus = _data_dir(tmp_path)
+    # dict.de.txt's listed checksum is wrong and valid.en's .bin is corrupted (same size):
+    # neither belongs to train.de, which must load
+    p = d / "valid.en.000.bin"
+    p.write_bytes(bytes([99]) + p.read_bytes()[1:])
+    assert [x.tolist() for x in load_split(d, "train", "de")] == corpus["train"]["de"]
+    assert load_split(d, "valid", "en", verify=False)[0].tolist() == [99, 14]  # sizes still match
+    with pytest.raises(UserError) as e:
+        load_split(d, "valid", "en")  # verify is the default
+    assert str(e.value) == f"{p}: checksum mismatch with manifest.json (corrupt or modified file)"
+    q = d / "train.en.001.idx"
+    raw = q.read_bytes()
+    q.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))  # the index checked too, not only the .bin
+    with pytest.raises(UserError, match=re.escape(f"{q}: checksum mismatch")):
+        load_split(d, "train", "en")
