@@ -90,14 +90,22 @@ class SubwordNmtModel(SubwordModel):
     def __init__(self, codes_file: str | os.PathLike | None = None, *, codes_text: str | None = None):
         from subword_nmt.apply_bpe import BPE
 
+        err = io.StringIO()
         try:
-            if codes_text is not None:
-                self.bpe = BPE(io.StringIO(codes_text), separator=BPE_SEPARATOR)
-            else:
-                with open(codes_file, encoding="utf-8") as fh:
-                    self.bpe = BPE(fh, separator=BPE_SEPARATOR)
+            # apply_bpe reports a malformed line (or codes without any merge) on stderr and calls
+            # sys.exit(1): caught, so that it becomes our one-line refusal, not an exit 1.
+            with contextlib.redirect_stderr(err):
+                if codes_text is not None:
+                    self.bpe = BPE(io.StringIO(codes_text), separator=BPE_SEPARATOR)
+                else:
+                    with open(codes_file, encoding="utf-8") as fh:
+                        self.bpe = BPE(fh, separator=BPE_SEPARATOR)
         except (OSError, ValueError, IndexError) as e:
             raise UserError(f"{codes_file or '<codes>'}: cannot load subword-nmt codes: {e}") from None
+        except SystemExit:
+            why = err.getvalue().strip().splitlines()
+            why = why[0].removeprefix("Error: ").strip() if why else "subword-nmt refused them"
+            raise UserError(f"{codes_file or '<codes>'}: cannot load subword-nmt codes: {why}") from None
 
     def encode(self, line: str) -> list[str]:
         return self.bpe.segment_tokens(line.split())
@@ -152,15 +160,27 @@ def learn_sentencepiece(lines: Iterator[str], vocab_size: int) -> bytes:
 
 
 def learn_subword_nmt(word_counts: Counter, merges: int) -> str:
-    """Learn `merges` subword-nmt BPE merge operations from word counts; return the codes text."""
+    """Learn `merges` subword-nmt BPE merge operations from word counts; return the codes text.
+
+    Codes without any merge are refused here (UserError): apply_bpe cannot load them, so they
+    would only fail later, at the first segmentation.
+    """
     from subword_nmt.learn_bpe import learn_bpe
 
-    vocab = io.StringIO("".join(f"{w} {c}\n" for w, c in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))))
     out = io.StringIO()
-    # learn_bpe reports "no pair has frequency >= 2. Stopping" on stderr: not an error for us.
-    with contextlib.redirect_stderr(io.StringIO()):
-        learn_bpe(vocab, out, merges, is_dict=True)
-    return out.getvalue()
+    # learn_bpe fails (max() of no pair statistics) on words that are all one character long
+    if any(len(w) > 1 for w in word_counts):
+        vocab = io.StringIO("".join(f"{w} {c}\n" for w, c in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))))
+        # learn_bpe reports "no pair has frequency >= 2. Stopping" on stderr: not an error for us.
+        with contextlib.redirect_stderr(io.StringIO()):
+            learn_bpe(vocab, out, merges, is_dict=True)
+    codes = out.getvalue()
+    if codes.count("\n") < 2:  # at most the "#version" line
+        raise UserError(
+            f"--bpe-merges {merges}: subword-nmt learned no merge operation from this text (a merge needs "
+            "a pair of adjacent characters seen at least twice); use --bpe sentencepiece or none, or more text"
+        )
+    return codes
 
 
 def count_words(lines: Iterable[str], counts: Counter | None = None) -> Counter:

@@ -1,0 +1,328 @@
+"""Subword models (nmtkit.data.subwords) by themselves, fast: sentencepiece and subword-nmt trained
+on tiny texts and applied by hand, decoding of hypotheses cut off mid-word, the refusals' exact
+messages, and load_subword_model on a data directory written by hand."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+
+import nmtkit.data.subwords as subwords
+from nmtkit.data.subwords import (
+    SentencePieceModel,
+    SubwordNmtModel,
+    WhitespaceModel,
+    count_words,
+    learn_sentencepiece,
+    learn_subword_nmt,
+    load_model_file,
+    load_subword_model,
+    model_filename,
+)
+from nmtkit.errors import UserError
+
+WORDS = "the quick brown fox jumps over lazy dog and cat runs home".split()
+
+
+def _text() -> list[str]:
+    """~8,400 characters; 'ß' occurs once (0.01% of the characters, below sentencepiece's
+    default character_coverage of 0.9995)."""
+    rng = random.Random(0)
+    return [" ".join(rng.choice(WORDS) for _ in range(6)) for _ in range(300)] + ["straße"]
+
+
+@pytest.fixture(scope="module")
+def spm_proto() -> bytes:
+    return learn_sentencepiece(iter(_text()), 60)
+
+
+def _package_root() -> str:
+    """The folder holding the nmtkit package these tests import (for subprocesses)."""
+    return str(Path(subwords.__file__).resolve().parents[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# sentencepiece
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sentencepiece_model_is_bpe_with_full_character_coverage():
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = learn_sentencepiece(iter(_text()), 60)
+    m = sentencepiece_model_pb2.ModelProto()
+    m.ParseFromString(proto)
+    assert m.trainer_spec.model_type == sentencepiece_model_pb2.TrainerSpec.BPE
+    assert m.trainer_spec.character_coverage == 1.0
+    assert len(m.pieces) == 60
+    # the one 'ß' of the text is a piece of its own, not <unk> (the default coverage drops it)
+    sp = SentencePieceModel(model_proto=proto)
+    assert "ß" in sp.pieces()
+    assert sp.sp.unk_id() not in sp.encode_ids(["straße"])[0]
+
+
+def test_sentencepiece_training_is_quiet_and_deterministic():
+    # a fresh process: sentencepiece's log level is process-wide, so only a first training shows
+    # whether the INFO chatter (dozens of lines by default) is switched off
+    code = ("import sys; sys.path.insert(0, 'tests'); from test_subwords import _text; "
+            "from nmtkit.data.subwords import learn_sentencepiece; "
+            "sys.stdout.buffer.write(learn_sentencepiece(iter(_text()), 60))")
+    env = dict(os.environ, PYTHONPATH=_package_root())
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
+                       cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stderr == b""
+    assert r.stdout == learn_sentencepiece(iter(_text()), 60)  # the same bytes in another process
+
+
+def test_sentencepiece_encode_decode(spm_proto, tmp_path):
+    sp = SentencePieceModel(model_proto=spm_proto)
+    line = "the lazy dog runs home"
+    pieces = sp.encode(line)
+    assert all(isinstance(p, str) for p in pieces)
+    assert "".join(pieces).replace("\u2581", " ").strip() == line  # pieces spell the line
+    assert sp.decode(pieces) == line
+    assert sp.encode_batch([line, "cat"]) == [pieces, sp.encode("cat")]
+    ids = [sp.sp.piece_to_id(p) for p in pieces]
+    assert sp.encode_ids([line]) == [ids]
+    assert sp.encode_ids([line, line], num_threads=2) == [ids, ids]
+    assert [sp.pieces()[i] for i in ids] == pieces
+    # a hypothesis cut off mid-word decodes to the pieces it has
+    assert sp.decode(pieces[:-1]) == "".join(pieces[:-1]).replace("\u2581", " ").strip()
+    # the same model from a file
+    (tmp_path / "spm.model").write_bytes(spm_proto)
+    assert SentencePieceModel(tmp_path / "spm.model").encode(line) == pieces
+    assert load_model_file("sentencepiece", tmp_path / "spm.model").encode(line) == pieces
+
+
+def test_sentencepiece_load_refusals(tmp_path):
+    with pytest.raises(UserError) as e:
+        SentencePieceModel(model_proto=b"not a model")
+    assert str(e.value).startswith("<model>: cannot load sentencepiece model: ")
+    p = tmp_path / "spm.model"
+    p.write_bytes(b"not a model")
+    with pytest.raises(UserError) as e:
+        SentencePieceModel(p)
+    assert str(e.value).startswith(f"{p}: cannot load sentencepiece model: ")
+
+
+def test_sentencepiece_training_refusals(monkeypatch):
+    with pytest.raises(UserError) as e:
+        learn_sentencepiece(iter(_text()), 4000)
+    msg = str(e.value)
+    # one line: sentencepiece's own last line, after our prefix
+    assert msg.startswith("--vocab-size 4000: sentencepiece cannot train on this text: ") and "\n" not in msg
+    assert msg.endswith("Vocabulary size too high (4000). Please set it to a value <= 137.")
+
+    # stand-ins for the library's error texts: several lines (the last is kept), and none at all
+    def fails(text):
+        def train(**kw):
+            raise RuntimeError(text)
+        return train
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", fails("trainer said:\nthe real reason\n"))
+    with pytest.raises(UserError) as e:
+        learn_sentencepiece(iter(["a"]), 8)
+    assert str(e.value) == "--vocab-size 8: sentencepiece cannot train on this text: the real reason"
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", fails(""))
+    with pytest.raises(UserError) as e:
+        learn_sentencepiece(iter(["a"]), 8)
+    assert str(e.value) == "--vocab-size 8: sentencepiece cannot train on this text: RuntimeError('')"
+
+
+# ---------------------------------------------------------------------------------------------
+# subword-nmt
+# ---------------------------------------------------------------------------------------------
+
+# Sennrich et al.'s example, merged by hand. Words end in </w> (on their last character); pair counts:
+# (e, s) = newest 6 + widest 3 = 9 and (s, t</w>) = 9 tie; subword-nmt takes the larger pair on a tie,
+# ('s', 't</w>'). Then (e, st</w>) = 9. Then (w, e) is only "lower"'s 2 (newest is now n e w est</w>),
+# so (l, o) = low 5 + lower 2 = 7 is the largest ((e, w) and (w, est</w>) are 6).
+COUNTS = Counter({"low": 5, "lower": 2, "newest": 6, "widest": 3})
+CODES3 = "#version: 0.2\ns t</w>\ne st</w>\nl o\n"
+
+
+def test_learn_subword_nmt_by_hand():
+    assert learn_subword_nmt(COUNTS, 3) == CODES3
+    # the same counts in any order (a Counter's order is its insertion order)
+    assert learn_subword_nmt(Counter(dict(reversed(list(COUNTS.items())))), 3) == CODES3
+    assert learn_subword_nmt(COUNTS, 1) == "#version: 0.2\ns t</w>\n"
+
+
+def test_apply_subword_nmt_by_hand(tmp_path):
+    m = SubwordNmtModel(codes_text=CODES3)
+    # lowest: l o w e s t</w> -> (s t</w>) l o w e st</w> -> (e st</w>) l o w est</w> -> (l o) lo w est</w>
+    # newer: no merge applies (no "s t", "e st" or "l o" in it)
+    assert m.encode("lowest  newer\n") == ["lo@@", "w@@", "est", "n@@", "e@@", "w@@", "e@@", "r"]
+    assert m.decode(m.encode("lowest newer")) == "lowest newer"
+    assert m.encode_batch(["low", "est"]) == [["lo@@", "w"], ["est"]]
+    # hypotheses cut off mid-word: the dangling "@@" goes, the pieces join
+    assert m.decode(["lo@@", "w@@"]) == "low"
+    assert m.decode(["a@@", "b", "c@@", "d@@"]) == "ab cd"
+    assert m.decode([]) == ""
+    p = tmp_path / "bpe.codes"
+    p.write_text(CODES3, encoding="utf-8")
+    assert SubwordNmtModel(p).encode("lowest") == ["lo@@", "w@@", "est"]
+    assert load_model_file("subword-nmt", p).encode("lowest") == ["lo@@", "w@@", "est"]
+
+
+def test_subword_nmt_codes_are_read_as_utf8_in_any_locale(tmp_path):
+    p = tmp_path / "bpe.codes"
+    p.write_text("#version: 0.2\nü b</w>\n", encoding="utf-8")
+    here = SubwordNmtModel(p).encode("aüb üb")
+    assert here == ["a@@", "üb", "üb"]
+    # an ASCII locale with Python's UTF-8 mode off: open() without encoding= would fail there
+    code = ("from nmtkit.data.subwords import SubwordNmtModel; "
+            f"print(ascii(SubwordNmtModel({str(p)!r}).encode('a\\u00fcb \\u00fcb')))")
+    env = dict(os.environ, PYTHONPATH=_package_root(), LC_ALL="C", LANG="C", PYTHONUTF8="0",
+               PYTHONCOERCECLOCALE="0")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().strip() == ascii(here)
+
+
+def test_subword_nmt_load_refusals(tmp_path, monkeypatch):
+    cases = [
+        ("#version: 0.2\na b\nx\n", "invalid line 3 in BPE codes file: x"),  # subword-nmt would sys.exit(1)
+        ("#version: 0.2\n", "invalid line 2 in BPE codes file:"),  # no merge at all
+        ("#version: zz\na b\n", "invalid literal for int() with base 10: 'zz'"),
+    ]
+    for text, why in cases:
+        with pytest.raises(UserError) as e:
+            SubwordNmtModel(codes_text=text)
+        assert str(e.value) == f"<codes>: cannot load subword-nmt codes: {why}"
+    p = tmp_path / "bpe.codes"
+    p.write_text(cases[0][0], encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        SubwordNmtModel(p)
+    assert str(e.value) == f"{p}: cannot load subword-nmt codes: invalid line 3 in BPE codes file: x"
+    with pytest.raises(UserError) as e:
+        SubwordNmtModel(tmp_path / "absent.codes")
+    assert str(e.value).startswith(f"{tmp_path / 'absent.codes'}: cannot load subword-nmt codes: [Errno 2] ")
+    p.write_bytes(b"#version: 0.2\n\xff b\n")  # not UTF-8
+    with pytest.raises(UserError, match=r"cannot load subword-nmt codes: 'utf-8' codec can't decode"):
+        SubwordNmtModel(p)
+
+    # a stand-in for a subword-nmt that exits without saying why
+    import subword_nmt.apply_bpe
+
+    class Exits:
+        def __init__(self, *a, **kw):
+            sys.exit(1)
+
+    monkeypatch.setattr(subword_nmt.apply_bpe, "BPE", Exits)
+    with pytest.raises(UserError) as e:
+        SubwordNmtModel(codes_text=CODES3)
+    assert str(e.value) == "<codes>: cannot load subword-nmt codes: subword-nmt refused them"
+
+
+def test_learn_subword_nmt_refuses_to_learn_nothing():
+    why = ("subword-nmt learned no merge operation from this text (a merge needs a pair of adjacent "
+           "characters seen at least twice); use --bpe sentencepiece or none, or more text")
+    for counts, merges in [
+        (Counter({"a": 4, "b": 2}), 10),  # one-character words: no pair at all
+        (Counter(), 10),
+        (Counter({"ab": 1, "cd": 1}), 10),  # no pair seen twice
+        (COUNTS, 0),
+    ]:
+        with pytest.raises(UserError) as e:
+            learn_subword_nmt(counts, merges)
+        assert str(e.value) == f"--bpe-merges {merges}: {why}", counts
+    # one two-character word seen twice is enough for a merge
+    assert learn_subword_nmt(Counter({"a": 4, "ab": 2}), 10) == "#version: 0.2\na b</w>\n"
+
+
+def test_count_words():
+    assert count_words(["a b  a", "", " c\tb "]) == Counter({"a": 2, "b": 2, "c": 1})
+    acc = Counter({"a": 1})
+    assert count_words(["a d"], acc) is acc
+    assert acc == Counter({"a": 2, "d": 1})
+
+
+# ---------------------------------------------------------------------------------------------
+# whitespace, file names, kinds
+# ---------------------------------------------------------------------------------------------
+
+
+def test_whitespace_model_and_kinds():
+    m = load_model_file("none", None)
+    assert isinstance(m, WhitespaceModel) and m.kind == "none"
+    assert m.encode(" a  b\tc\n") == ["a", "b", "c"] and m.decode(["a", "b"]) == "a b"
+    assert m.encode_batch(["x y", ""]) == [["x", "y"], []]
+    assert [model_filename(k, None) for k in ("sentencepiece", "subword-nmt", "none")] == \
+        ["spm.model", "bpe.codes", None]
+    assert model_filename("sentencepiece", "de") == "spm.de.model" and model_filename("subword-nmt", "en") == "bpe.en.codes"
+    with pytest.raises(UserError) as e:
+        load_model_file("bpe", None)
+    assert str(e.value) == "unknown subword model kind 'bpe' (expected one of sentencepiece, subword-nmt, none)"
+
+
+# ---------------------------------------------------------------------------------------------
+# load_subword_model: a data directory written by hand (manifest.json as docs/formats.md describes)
+# ---------------------------------------------------------------------------------------------
+
+
+def _data_dir(tmp_path: Path, subword: dict, files: dict[str, bytes]) -> Path:
+    d = tmp_path / "bin"
+    d.mkdir()
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    manifest = {"format": "nmtkit-data", "format_version": 1, "complete": True, "source_lang": "de",
+                "target_lang": "en", "subword": subword, "splits": {},
+                "files": {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return d
+
+
+def test_load_subword_model_per_language_kinds(tmp_path):
+    # a parsing-style directory: subword-nmt on the source, no model on the (tree) target side
+    d = _data_dir(tmp_path, {"kind": "subword-nmt", "kinds": {"de": "subword-nmt", "en": "none"},
+                             "files": {"de": "bpe.codes", "en": None}},
+                  {"bpe.codes": CODES3.encode(), "train.de.000.bin": b"\x01\x02"})
+    de, en = load_subword_model(d, "de"), load_subword_model(d, "en")
+    assert de.kind == "subword-nmt" and de.encode("lowest") == ["lo@@", "w@@", "est"]
+    assert isinstance(en, WhitespaceModel)
+    # only the model's own file is checked: a corrupt shard is load_split's business
+    (d / "train.de.000.bin").write_bytes(b"\x09\x09")
+    assert load_subword_model(d, "de").encode("low") == ["lo@@", "w"]
+    (d / "bpe.codes").write_text(CODES3 + "a b\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        load_subword_model(d, "de")
+    assert str(e.value) == f"{d / 'bpe.codes'}: checksum mismatch with manifest.json (corrupt or modified file)"
+
+
+def test_load_subword_model_of_an_older_directory(tmp_path, spm_proto):
+    # no "kinds": one kind for both sides
+    d = _data_dir(tmp_path, {"kind": "sentencepiece", "joint": True, "files": {"de": "spm.model", "en": "spm.model"}},
+                  {"spm.model": spm_proto})
+    sp = SentencePieceModel(model_proto=spm_proto)
+    for lang in ("de", "en"):
+        m = load_subword_model(d, lang)
+        assert m.kind == "sentencepiece" and m.encode("the lazy cat") == sp.encode("the lazy cat")
+    (tmp_path / "x").mkdir()
+    d2 = _data_dir(tmp_path / "x", {"kind": "none", "files": {"de": None, "en": None}}, {})
+    assert isinstance(load_subword_model(d2, "en"), WhitespaceModel)
+
+
+def test_preprocess_refuses_codes_without_merges(tmp_path, run_cli):
+    # before: subword-nmt's own two-line error and exit 1 (--bpe-merges 0), or "internal error"
+    # (a text of one-character words); now one line and exit 2, and no data directory
+    why = ("subword-nmt learned no merge operation from this text (a merge needs a pair of adjacent "
+           "characters seen at least twice); use --bpe sentencepiece or none, or more text")
+    (tmp_path / "train.en").write_text("a b\nc d\n", encoding="utf-8")
+    for merges, source in (("0", "ab ab c\nd e f\n"), ("10", "a b c\nd e f\n")):
+        (tmp_path / "train.de").write_text(source, encoding="utf-8")
+        r = run_cli("preprocess", "--source-lang", "de", "--target-lang", "en", "--trainpref", tmp_path / "train",
+                    "--destdir", tmp_path / "bin", "--bpe", "subword-nmt", "--bpe-merges", merges)
+        assert r.code == 2, r
+        assert r.err.strip().splitlines()[-1] == f"nmtkit: error: --bpe-merges {merges}: {why}"
+        assert not (tmp_path / "bin" / "manifest.json").exists()
