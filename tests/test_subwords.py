@@ -45,9 +45,10 @@ def spm_proto() -> bytes:
     return learn_sentencepiece(iter(_text()), 60)
 
 
-def _package_root() -> str:
-    """The folder holding the nmtkit package these tests import (for subprocesses)."""
-    return str(Path(subwords.__file__).resolve().parents[2])
+def _env_for_package(**extra: str) -> dict[str, str]:
+    """Environment for a subprocess that imports the nmtkit these tests import (run it in a folder
+    without an nmtkit/ of its own: `python -c` puts the working directory first on sys.path)."""
+    return dict(os.environ, PYTHONPATH=str(Path(subwords.__file__).resolve().parents[2]), **extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,15 +71,13 @@ def test_sentencepiece_model_is_bpe_with_full_character_coverage():
     assert sp.sp.unk_id() not in sp.encode_ids(["straße"])[0]
 
 
-def test_sentencepiece_training_is_quiet_and_deterministic():
+def test_sentencepiece_training_is_quiet_and_deterministic(tmp_path):
     # a fresh process: sentencepiece's log level is process-wide, so only a first training shows
     # whether the INFO chatter (dozens of lines by default) is switched off
-    code = ("import sys; sys.path.insert(0, 'tests'); from test_subwords import _text; "
-            "from nmtkit.data.subwords import learn_sentencepiece; "
-            "sys.stdout.buffer.write(learn_sentencepiece(iter(_text()), 60))")
-    env = dict(os.environ, PYTHONPATH=_package_root())
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
-                       cwd=Path(__file__).resolve().parents[1], timeout=120)
+    code = ("import json, sys; from nmtkit.data.subwords import learn_sentencepiece; "
+            "sys.stdout.buffer.write(learn_sentencepiece(iter(json.load(sys.stdin)), 60))")
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(_text()).encode(), capture_output=True,
+                       env=_env_for_package(), cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
     assert r.stderr == b""
     assert r.stdout == learn_sentencepiece(iter(_text()), 60)  # the same bytes in another process
@@ -176,18 +175,25 @@ def test_apply_subword_nmt_by_hand(tmp_path):
 
 
 def test_subword_nmt_codes_are_read_as_utf8_in_any_locale(tmp_path):
+    import locale
+
+    if sys.flags.utf8_mode:
+        pytest.skip("Python's UTF-8 mode is on: open() reads UTF-8 whatever the locale")
     p = tmp_path / "bpe.codes"
     p.write_text("#version: 0.2\nü b</w>\n", encoding="utf-8")
     here = SubwordNmtModel(p).encode("aüb üb")
     assert here == ["a@@", "üb", "üb"]
-    # an ASCII locale with Python's UTF-8 mode off: open() without encoding= would fail there
-    code = ("from nmtkit.data.subwords import SubwordNmtModel; "
-            f"print(ascii(SubwordNmtModel({str(p)!r}).encode('a\\u00fcb \\u00fcb')))")
-    env = dict(os.environ, PYTHONPATH=_package_root(), LC_ALL="C", LANG="C", PYTHONUTF8="0",
-               PYTHONCOERCECLOCALE="0")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr.decode()
-    assert r.stdout.decode().strip() == ascii(here)
+    # in an ASCII locale open() without encoding= would fail on the "ü" (in-process: a subprocess
+    # in that locale could not carry a mutation tool's non-ASCII mutant names in its environment)
+    old = locale.setlocale(locale.LC_CTYPE)
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C")
+        if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+            pytest.skip("the C locale is UTF-8 on this platform")
+        there = SubwordNmtModel(p).encode("aüb üb")
+    finally:
+        locale.setlocale(locale.LC_CTYPE, old)
+    assert there == here
 
 
 def test_subword_nmt_load_refusals(tmp_path, monkeypatch):
