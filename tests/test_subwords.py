@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-import nmtkit.data.subwords as subwords
+from nmtkit.data import subwords
 from nmtkit.data.subwords import (
     SentencePieceModel,
     SubwordNmtModel,
@@ -30,7 +29,7 @@ from nmtkit.data.subwords import (
 )
 from nmtkit.errors import UserError
 
-WORDS = "the quick brown fox jumps over lazy dog and cat runs home".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "cat", "runs", "home"]
 
 
 def _text() -> list[str]:
@@ -45,10 +44,11 @@ def spm_proto() -> bytes:
     return learn_sentencepiece(iter(_text()), 60)
 
 
-def _env_for_package(**extra: str) -> dict[str, str]:
-    """Environment for a subprocess that imports the nmtkit these tests import (run it in a folder
-    without an nmtkit/ of its own: `python -c` puts the working directory first on sys.path)."""
-    return dict(os.environ, PYTHONPATH=str(Path(subwords.__file__).resolve().parents[2]), **extra)
+def _python_c(code: str) -> list[str]:
+    """`python -c CODE` importing the nmtkit these tests import (the mutated copy under a mutation
+    tool): `-c` puts the working directory first on sys.path, so the package's folder goes before it."""
+    root = str(Path(subwords.__file__).resolve().parents[2])
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); {code}"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,13 +71,13 @@ def test_sentencepiece_model_is_bpe_with_full_character_coverage():
     assert sp.sp.unk_id() not in sp.encode_ids(["straße"])[0]
 
 
-def test_sentencepiece_training_is_quiet_and_deterministic(tmp_path):
+def test_sentencepiece_training_is_quiet_and_deterministic():
     # a fresh process: sentencepiece's log level is process-wide, so only a first training shows
     # whether the INFO chatter (dozens of lines by default) is switched off
-    code = ("import json, sys; from nmtkit.data.subwords import learn_sentencepiece; "
+    code = ("import json; from nmtkit.data.subwords import learn_sentencepiece; "
             "sys.stdout.buffer.write(learn_sentencepiece(iter(json.load(sys.stdin)), 60))")
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(_text()).encode(), capture_output=True,
-                       env=_env_for_package(), cwd=tmp_path, timeout=120)
+    r = subprocess.run(_python_c(code), input=json.dumps(_text()).encode(), capture_output=True, timeout=120,
+                       check=False)
     assert r.returncode == 0, r.stderr.decode()
     assert r.stderr == b""
     assert r.stdout == learn_sentencepiece(iter(_text()), 60)  # the same bytes in another process
