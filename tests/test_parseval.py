@@ -28,7 +28,16 @@ from nmtkit.parsing.trees import (
     strip_label,
     strip_root,
 )
-from nmtkit.scoring.parseval import COLLINS, TooManyErrors, evaluate, read_evalb_params, score_sentence
+from nmtkit.scoring.parseval import (
+    COLLINS,
+    EvalbParams,
+    TooManyErrors,
+    evaluate,
+    evaluate_files,
+    modify_label,
+    read_evalb_params,
+    score_sentence,
+)
 from tests.conftest import shared_file
 
 
@@ -222,6 +231,384 @@ def test_parameter_files(tmp_path):
     assert params.delete_labels == COLLINS.delete_labels
     assert params.delete_labels_for_length == ("-NONE-",) and params.eq_labels == (("ADVP", "PRT"),)
     assert (params.labeled, params.max_error, params.cutoff_len) == (True, 10, 40)
+
+
+# ------------------------------------------------------- EVALB's output, field by field
+
+# Nine sentences covering every column of EVALB's table: crossing counts 1, 3, 2, 0, 0 (the
+# "No crossing" and "2 or less crossing" cut-offs), a wrong POS tag, two error sentences and two
+# skipped ones. Counts worked out by hand (gold brackets after deleting TOP and punctuation):
+#   1: gold S(0,3) NP(0,2) VP(2,3); test S(0,3) NP(0,1) VP(1,3): 1 match; VP(1,3) crosses
+#      NP(0,2); tags: dog NN vs VB -> 2/3; Len 4 (the period counts), Words 3
+#   2: gold S X(0,2) Y(2,4) Z(4,6); test S R(1,5) P(1,3) Q(3,5): 1 match; R and P cross X, Q
+#      crosses Y -> 3 crossing
+#   3: the same gold; test S P(1,3) Q(3,5): 1 of 4 gold, 1 of 3 test, 2 crossing
+#   4: identical; 5: "Words unmatch (b|c)" (error); 6: only a period (skip); 7: "Length unmatch
+#      (2|3)" (error); 8: only -NONE- (skip); 9: brackets right (complete match), a tag wrong (1/2)
+# Totals over the 5 valid sentences: matched 9 of 17 gold and 16 test brackets: recall 52.94,
+# precision 56.25, F1 2*9/33 = 54.55; complete 2/5; crossing 6 (1.20 a sentence), none in 2/5,
+# at most 2 in 4/5; tags 17/19 = 89.47. EXPECTED_EVALB is what evalb.c (Sekine & Collins,
+# compiled from the EVALB distribution) prints on stdout for these two files with COLLINS.prm.
+GOLD9 = [
+    "(TOP (S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .)))",
+    "(TOP (S (X (A a) (A b)) (Y (A c) (A d)) (Z (A e) (A f))))",
+    "(TOP (S (X (A a) (A b)) (Y (A c) (A d)) (Z (A e) (A f))))",
+    "(TOP (S (NP (NN a)) (VP (VB b))))",
+    "(TOP (S (NP (NN a)) (VP (VB b))))",
+    "(TOP (S (NP (NN a)) (VP (VB b))))",
+    "(TOP (S (NP (NN a)) (VP (VB b)) (. .)))",
+    "(TOP (S (NP (NN a)) (VP (VB b))))",
+    "(TOP (S (NP (NN a)) (VP (VB b))))",
+]
+TEST9 = [
+    "(TOP (S (NP (DT The)) (VP (VB dog) (VBD barked)) (. .)))",
+    "(TOP (S (A a) (R (P (A b) (A c)) (Q (A d) (A e))) (A f)))",
+    "(TOP (S (A a) (P (A b) (A c)) (Q (A d) (A e)) (A f)))",
+    "(TOP (S (NP (NN a)) (VP (VB b))))",
+    "(TOP (S (NP (NN a)) (VP (VB c))))",
+    "(TOP (. .))",
+    "(TOP (S (NP (NN a)) (VP (VB b) (NN x))))",
+    "(TOP (-NONE- *))",
+    "(TOP (S (NP (NNS a)) (VP (VB b))))",
+]
+_SUMMARY9 = """Number of sentence        =      9
+Number of Error sentence  =      2
+Number of Skip  sentence  =      2
+Number of Valid sentence  =      5
+Bracketing Recall         =  52.94
+Bracketing Precision      =  56.25
+Bracketing FMeasure       =  54.55
+Complete match            =  40.00
+Average crossing          =   1.20
+No crossing               =  40.00
+2 or less crossing        =  80.00
+Tagging accuracy          =  89.47
+"""
+EXPECTED_EVALB = (
+    """  Sent.                        Matched  Bracket   Cross        Correct Tag
+ ID  Len.  Stat. Recal  Prec.  Bracket gold test Bracket Words  Tags Accracy
+============================================================================
+   1    4    0   33.33  33.33     1      3    3      1      3     2    66.67
+   2    6    0   25.00  25.00     1      4    4      3      6     6   100.00
+   3    6    0   25.00  33.33     1      4    3      2      6     6   100.00
+   4    2    0  100.00 100.00     3      3    3      0      2     2   100.00
+   5    2    1    0.00   0.00     0      0    0      0      0     0     0.00
+   6    2    2    0.00   0.00     0      0    0      0      0     0     0.00
+   7    3    1    0.00   0.00     0      0    0      0      0     0     0.00
+   8    2    2    0.00   0.00     0      0    0      0      0     0     0.00
+   9    2    0  100.00 100.00     3      3    3      0      2     1    50.00
+============================================================================
+                 52.94  56.25      9    17    16      6     19    17    89.47
+=== Summary ===
+
+-- All --
+"""
+    + _SUMMARY9
+    + "\n-- len<=40 --\n"
+    + _SUMMARY9
+)
+
+
+def test_evalb_report_is_evalbs_output_byte_for_byte():
+    r = evaluate(GOLD9, TEST9)
+    assert r.evalb_report() == EXPECTED_EVALB
+    a = r.all
+    assert (a.sentences, a.error_sentences, a.skip_sentences, a.valid) == (9, 2, 2, 5)
+    assert (a.crossing, a.no_crossing, a.two_or_less_crossing, a.complete) == (6, 2, 4, 2)
+    assert [s.message for s in r.sentences if s.status] == [
+        "Words unmatch (b|c) at word 2",
+        "test tree has no words (skipped, as evalb skips it)",
+        "Length unmatch (2|3): gold and test have different word counts",
+        "test tree has no words (skipped, as evalb skips it)",
+    ]
+
+
+# The same trees under a parameter file with every kind of line. With `EQ_WORD c b` sentence 5
+# becomes a valid perfect match; without `DELETE_LABEL -NONE-` the `*` of sentence 8 is a word
+# ("Length unmatch (2|1)", an error instead of a skip). Len <= 4 keeps sentences 1, 4-9 (7): valid
+# 1, 4, 5, 9 with 10 of 12 brackets matched both ways, complete 3/4, crossing 1 (0.25), tags 7/9.
+# All: valid 1-5 and 9, matched 12 of 20 gold and 19 test, complete 3/6, crossing 6, none in 3/6,
+# at most 2 in 5/6, tags 19/21. evalb.c prints these figures for this file too.
+PRM4 = """# a comment line, then lines of every key
+DEBUG 0
+MAX_ERROR 3
+CUTOFF_LEN 4
+LABELED 1
+DELETE_LABEL TOP
+DELETE_LABEL .
+DELETE_LABEL_FOR_LENGTH -NULL-
+EQ_LABEL ADVP PRT
+EQ_WORD c b
+"""
+
+
+def _totals(n, err, skip, matched, gold, test, complete, words, tags, crossing, none, le2):
+    valid = n - err - skip
+    return {
+        "sentences": n, "error_sentences": err, "skip_sentences": skip, "matched": matched,
+        "gold_brackets": gold, "test_brackets": test, "complete": complete, "words": words,
+        "correct_tags": tags, "crossing": crossing, "valid_sentences": valid,
+        "recall": 100 * matched / gold, "precision": 100 * matched / test,
+        "f1": 100 * 2 * matched / (gold + test), "complete_match": 100 * complete / valid,
+        "average_crossing": crossing / valid, "no_crossing": 100 * none / valid,
+        "two_or_less_crossing": 100 * le2 / valid, "tagging_accuracy": 100 * tags / words,
+    }
+
+
+def test_json_fields_and_len_cutoff_section_under_a_parameter_file(tmp_path):
+    prm = tmp_path / "cut4.prm"
+    prm.write_text(PRM4)
+    params = read_evalb_params(prm)
+    assert params == EvalbParams(
+        delete_labels=("TOP", "."), delete_labels_for_length=("-NULL-",), eq_labels=(("ADVP", "PRT"),),
+        eq_words=(("c", "b"),), labeled=True, max_error=3, cutoff_len=4, source="cut4.prm",
+    )
+    r = evaluate(GOLD9, TEST9, params, gold_name="g.trees", test_name="t.trees")
+    d = r.to_dict()
+    all_expected = _totals(9, 2, 1, 12, 20, 19, 3, 21, 19, 6, 3, 5)
+    cut_expected = _totals(7, 2, 1, 10, 12, 12, 3, 9, 7, 1, 3, 4)
+    assert d.pop("all") == pytest.approx(all_expected)
+    assert d.pop("len<=4") == pytest.approx(cut_expected)
+    assert d.pop("score") == pytest.approx(100 * 24 / 39)
+    assert d == {
+        "metric": "parseval",
+        "name": "Parseval",
+        "signature": "evalb:cut4.prm|labeled:yes|delete:TOP .|eq:ADVP=PRT",
+        "lines": 9,
+        "params": {
+            "source": "cut4.prm", "labeled": True, "delete_labels": ["TOP", "."],
+            "delete_labels_for_length": ["-NULL-"], "eq_labels": [["ADVP", "PRT"]], "eq_words": [["c", "b"]],
+            "max_error": 3, "cutoff_len": 4,
+        },
+        "excluded": [
+            {"line": 6, "status": "skip", "reason": "test tree has no words (skipped, as evalb skips it)"},
+            {"line": 7, "status": "error", "reason": "Length unmatch (2|3): gold and test have different word counts"},
+            {"line": 8, "status": "error", "reason": "Length unmatch (2|1): gold and test have different word counts"},
+        ],
+        "warnings": [
+            "t.trees:6: skipped, excluded from the totals: test tree has no words (skipped, as evalb skips it)",
+            "t.trees:7: error, excluded from the totals: Length unmatch (2|3): gold and test have different word counts",
+            "t.trees:8: error, excluded from the totals: Length unmatch (2|1): gold and test have different word counts",
+        ],
+    }
+    json.dumps(r.to_dict())  # JSON-serializable as it is
+    # the summary's second section is titled by CUTOFF_LEN (evalb.c's output for this file)
+    assert r.evalb_report().endswith(
+        """
+-- len<=4 --
+Number of sentence        =      7
+Number of Error sentence  =      2
+Number of Skip  sentence  =      1
+Number of Valid sentence  =      4
+Bracketing Recall         =  83.33
+Bracketing Precision      =  83.33
+Bracketing FMeasure       =  83.33
+Complete match            =  75.00
+Average crossing          =   0.25
+No crossing               =  75.00
+2 or less crossing        = 100.00
+Tagging accuracy          =  77.78
+"""
+    )
+
+
+def test_signature_of_unlabeled_parameters_without_deletions(tmp_path):
+    prm = tmp_path / "bare.prm"
+    prm.write_text("LABELED 0\nEQ_LABEL A B\nEQ_LABEL C D\n")
+    r = evaluate(["(S (NN a))"], ["(S (NN a))"], read_evalb_params(prm))
+    assert r.signature() == "evalb:bare.prm|labeled:no|delete:-|eq:A=B C=D"
+    prm.write_text("DELETE_LABEL TOP\nDELETE_LABEL ,\n")
+    r = evaluate(["(S (NN a))"], ["(S (NN a))"], read_evalb_params(prm))
+    assert r.signature() == "evalb:bare.prm|labeled:yes|delete:TOP ,|eq:-"
+    assert evaluate(["(S (NN a))"], ["(S (NN a))"]).signature() == (
+        "evalb:COLLINS.prm|labeled:yes|delete:TOP -NONE- , : `` '' .|eq:ADVP=PRT"
+    )
+
+
+@pytest.mark.parametrize(
+    "gold, test, totals_row, fmeasure",
+    [
+        # evalb.c prints the bracket columns of the totals row only when both sides have brackets,
+        # and F1 = 2pr/(p+r) unguarded: 0/0 is glibc's "-nan" (outputs of evalb.c, one sentence each)
+        ("(TOP (NN a) (VB b))", "(TOP (S (NN a) (VB b)))", "      2     2   100.00", "  -nan"),
+        ("(TOP (S (NN a) (VB b)))", "(TOP (NN a) (VB b))", "      2     2   100.00", "  -nan"),
+        ("(TOP (S (NN a) (VB b)))", "(TOP (VP (NN a) (VB b)))",
+         "                  0.00   0.00      0     1     1      0      2     2   100.00", "  -nan"),
+    ],
+)
+def test_totals_row_without_brackets_and_nan_f1(gold, test, totals_row, fmeasure):
+    report = evaluate([gold], [test]).evalb_report().splitlines()
+    assert report[5] == totals_row
+    assert report[6] == "=== Summary ==="
+    assert report[15] == f"Bracketing FMeasure       = {fmeasure}"
+
+
+def test_f1_of_half_a_percent():
+    # 1 of 200 gold and of 200 test brackets: p = r = 0.5, p + r = 1, F1 = 0.50 (evalb.c: 0.50)
+    g = "(TOP " + "(X " * 100 + "(NN a)" + ")" * 100 + ")"
+    one_x = "(TOP " + "(Y " * 99 + "(X (NN a))" + ")" * 99 + ")"
+    no_x = "(TOP " + "(Y " * 100 + "(NN a)" + ")" * 100 + ")"
+    r = evaluate([g, g], [one_x, no_x])
+    assert (r.all.matched, r.all.gold_brackets, r.all.test_brackets) == (1, 200, 200)
+    assert "Bracketing FMeasure       =   0.50\n" in r.evalb_report()
+
+
+def test_malformed_trees_are_error_sentences_with_the_side_named():
+    ok = "(TOP (S (NN a) (VB b)))"
+    cases = [
+        (ok, "(TOP (S (NN a) (VB b))", "test tree: cannot read tree: unbalanced brackets: 1 '(' not closed at end of line"),
+        ("(TOP (S (NN a) (VB b))", ok, "gold tree: cannot read tree: unbalanced brackets: 1 '(' not closed at end of line"),
+        ("(TOP (S (NN a) (VB b))", "(TOP (S a (VB b)))", "gold tree: cannot read tree: unbalanced brackets: 1 '(' not closed at end of line"),
+        (ok, "(TOP (S a (VB b)))", "test tree: more than two elements in a bracket (S has a bare word)"),
+        (ok, "( (S (NN a)) b)", "test tree: more than two elements in a bracket (<unlabeled> has a bare word)"),
+        ("(TOP (S a (VB b) c))", ok, "gold tree: more than two elements in a bracket (S has a bare word)"),
+    ]
+    for gold, test, message in cases:
+        s = score_sentence(3, gold, test)
+        assert (s.status, s.message) == (1, message), (gold, test)
+        assert (s.matched, s.gold_brackets, s.test_brackets, s.words) == (0, 0, 0, 0)
+
+
+def test_modify_label_cuts_at_the_first_dash_or_equals_only():
+    assert [modify_label(x) for x in ("NP-SBJ-1", "NP=2", "PP-LOC=3", "NX", "NX-TTL", "-NONE-", "S", "")] == [
+        "NP", "NP", "PP", "NX", "NX", "", "S", "",
+    ]
+
+
+def test_root_convention_warnings_name_each_convention():
+    s = "(S (NP (NN a)) (VP (VB b)))"
+    outer, top, root = f"( {s} )", f"(TOP {s})", f"(ROOT {s})"
+    tail = ("; EVALB (COLLINS.prm) counts such a bracket as a constituent, so recall/precision are not "
+            "comparable (give both files the same root, e.g. `(TOP ...)`, which COLLINS.prm deletes)")
+    outer_w = "the unlabeled outer bracket `( (S ...) )`"
+    for gold, test, expected in [
+        ([outer], [top], f"most gold trees have {outer_w}, most test trees have no counted root wrapper"),
+        ([s], [root], "most gold trees have no counted root wrapper, most test trees have a root bracket `(ROOT ...)`"),
+        ([outer], [root], f"most gold trees have {outer_w}, most test trees have a root bracket `(ROOT ...)`"),
+        # the majority decides: 2 of 3 gold trees have the outer bracket (the first one does not)
+        ([top, outer, outer], [top, top, top], f"most gold trees have {outer_w}, most test trees have no counted root wrapper"),
+        ([top, top, top], [root, outer, outer], f"most gold trees have no counted root wrapper, most test trees have {outer_w}"),
+    ]:
+        r = evaluate(gold, test)
+        assert r.warnings == ["root conventions differ: " + expected + tail], (gold, test)
+    # the same convention on both sides, or none counted (TOP is deleted, like no root): no warning
+    for gold, test in [([outer], [outer]), ([top], [s]), ([s], [top]), ([root, root], [root, root])]:
+        assert evaluate(gold, test).warnings == [], (gold, test)
+
+
+def test_too_many_errors_message_lists_the_first_three():
+    gold = ["(TOP (S (NN a)))"] * 12
+    test = [f"(TOP (S (NN z{i})))" for i in range(1, 13)]
+    with pytest.raises(TooManyErrors) as e:
+        evaluate(gold, test, test_name="t.trees")
+    assert str(e.value) == (
+        "t.trees: 12 sentences with errors exceed MAX_ERROR 10 of COLLINS.prm (evalb stops here too); first: "
+        "line 1: Words unmatch (a|z1) at word 1; line 2: Words unmatch (a|z2) at word 1; "
+        "line 3: Words unmatch (a|z3) at word 1; fix the trees or raise MAX_ERROR in a parameter file "
+        "given with --evalb-param"
+    )
+
+
+def test_default_names_in_messages():
+    with pytest.raises(UserError) as e:
+        evaluate(["(S (NN a))"] * 2, ["(S (NN a))"])
+    assert str(e.value) == (
+        "line counts differ: test trees test have 1 line but gold trees gold have 2 lines; "
+        "they must be parallel, one tree per line"
+    )
+    with pytest.raises(UserError) as e:
+        evaluate([], [])
+    assert str(e.value) == "gold is empty: no trees to score"
+    r = evaluate(["(S (NN a))"], ["(S (NN b))"])
+    assert r.warnings == ["test:1: error, excluded from the totals: Words unmatch (a|b) at word 1"]
+
+
+# ----------------------------------------------------------------------- files and .prm lines
+
+
+def test_evaluate_files_names_files_and_flags(tmp_path, monkeypatch):
+    gold = tmp_path / "gold.trees"
+    gold.write_text("(S (NN a) (VB b))\n(S (NN a) (VB b))\n")
+    short = tmp_path / "short.trees"
+    short.write_text("(S (NN a) (VB b))\n")
+    missing = tmp_path / "nope.trees"
+    for args, message in [
+        ((missing, short), f"--ref {missing}: no such file"),
+        ((gold, missing), f"--sys {missing}: no such file"),
+        ((gold, tmp_path), f"--sys {tmp_path} is a directory, not a file"),
+        ((gold, short), f"line counts differ: test trees {short} have 1 line but gold trees {gold} have 2 lines; "
+                        "they must be parallel, one tree per line"),
+    ]:
+        with pytest.raises(UserError) as e:
+            evaluate_files(*args)
+        assert str(e.value) == message
+    with pytest.raises(UserError) as e:
+        evaluate_files(gold, missing, gold_flag="-r", test_flag="-s")
+    assert str(e.value) == f"-s {missing}: no such file"
+    empty = tmp_path / "empty.trees"
+    empty.write_text("")
+    with pytest.raises(UserError) as e:
+        evaluate_files(gold, empty)
+    assert str(e.value) == f"--sys: {empty} is empty: nothing to score"
+    # the test side from stdin is named <stdin> in the per-line warnings
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"(S (NN a) (VB b))\n(S (NN a) (VB c))\n")))
+    r = evaluate_files(gold, "-")
+    assert r.warnings == ["<stdin>:2: error, excluded from the totals: Words unmatch (b|c) at word 2"]
+    # the parameters given reach the scoring: unlabeled, S vs VP over the same span match
+    test = tmp_path / "test.trees"
+    test.write_text("(VP (NN a) (VB b))\n(VP (NN a) (VB b))\n")
+    prm = tmp_path / "u.prm"
+    prm.write_text("LABELED 0\n")
+    assert evaluate_files(gold, test).all.matched == 0
+    assert evaluate_files(gold, test, read_evalb_params(prm)).all.matched == 2
+
+
+def test_parameter_file_defaults_are_evalbs_not_collins(tmp_path):
+    # evalb.c's built-in defaults: nothing deleted, no EQ pairs, LABELED 1, MAX_ERROR 10, CUTOFF_LEN 40
+    prm = tmp_path / "min.prm"
+    prm.write_text("DELETE_LABEL TOP\n")
+    assert read_evalb_params(prm) == EvalbParams(
+        delete_labels=("TOP",), delete_labels_for_length=(), eq_labels=(), eq_words=(),
+        labeled=True, max_error=10, cutoff_len=40, source="min.prm",
+    )
+
+
+def test_parameter_file_lines_like_evalb(tmp_path):
+    prm = tmp_path / "ws.prm"
+    # trailing blanks and tabs are cut (COLLINS.prm has `LABELED 1` followed by spaces); lines
+    # shorter than 3 characters are ignored; a no-break space is not C whitespace and stays
+    prm.write_text("LABELED 0 \t \nDELETE_LABEL TOP  \n\nab\n  \nDELETE_LABEL \u00a0X\u00a0\nMAX_ERROR 7 extra\n")
+    p = read_evalb_params(prm)
+    assert p.delete_labels == ("TOP", "\u00a0X\u00a0") and p.labeled is False and p.max_error == 7
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("LABELED 1\nDEBUG\n", "2: DEBUG has no value"),
+        ("ABC\n", "1: ABC has no value"),
+        ("A B\n", "1: unknown EVALB parameter 'A'"),  # 3 characters: read, not ignored
+        ("# c\nDELETE_LABELS TOP\n", "2: unknown EVALB parameter 'DELETE_LABELS'"),
+        (" DELETE_LABEL TOP\n", "1: unknown EVALB parameter ''"),  # evalb: the key is what precedes the first blank
+        ("MAX_ERROR ten\n", "1: MAX_ERROR needs an integer, got 'ten'"),
+        ("CUTOFF_LEN 4.5\n", "1: CUTOFF_LEN needs an integer, got '4.5'"),
+        ("EQ_LABEL ADVP\n", "1: EQ_LABEL requires two values, got 'ADVP'"),
+        ("EQ_WORD a b c\n", "1: EQ_WORD requires two values, got 'a b c'"),
+        ("QUOTE_LABEL POS\n", "1: QUOTE_LABEL (evalb's quote re-insertion) is not supported"),
+    ],
+)
+def test_parameter_file_refusals_name_file_and_line(tmp_path, text, message):
+    prm = tmp_path / "bad.prm"
+    prm.write_text(text)
+    with pytest.raises(UserError) as e:
+        read_evalb_params(prm)
+    assert str(e.value) == f"--evalb-param {prm}:{message}"
+
+
+def test_parameter_file_missing(tmp_path):
+    with pytest.raises(UserError) as e:
+        read_evalb_params(tmp_path / "none.prm")
+    assert str(e.value) == f"--evalb-param {tmp_path / 'none.prm'}: no such file"
 
 
 # ------------------------------------------------------------------------------ real trees
