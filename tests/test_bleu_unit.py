@@ -293,3 +293,53 @@ def test_a_tokenizer_sacrebleu_cannot_load_is_one_user_error(monkeypatch):
         _one("bleu", opts=TranslationOptions(tokenize="ja-mecab"))
     assert str(e.value) == ("--tokenize ja-mecab: sacreBLEU cannot use this tokenizer here: "
                             "Please install mecab-python3 (pip install sacrebleu[ja])")
+
+
+def test_tok_bleu_does_not_warn_that_its_tokenized_input_looks_tokenized(caplog):
+    """tok-bleu scores Moses-tokenized text on purpose: sacreBLEU's "you forgot to detokenize"
+    warning (logged once 100 hypotheses end in " .") would be wrong there, so it is suppressed."""
+    import logging
+
+    hyps = [f"sentence number {i} ." for i in range(100)]
+    refs = [f"sentence {i} ." for i in range(100)]
+    caplog.set_level(logging.WARNING, logger="sacrebleu")
+    BLEU(tokenize="none", smooth_method="none").corpus_score(hyps, [refs])  # the control: sacreBLEU warns
+    assert any("forgot to detokenize" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    (s,) = score_translation(hyps, [refs], ["tok-bleu"], TranslationOptions(pretokenized=True))
+    (p,) = B.paired_bootstrap(hyps, hyps[::-1], [refs], ["tok-bleu"], TranslationOptions(pretokenized=True),
+                              n_samples=2)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("sacrebleu")] == []
+    # per line 3 of 4 unigrams, 1 of 3 bigrams ("i ."), 0 of 2 trigrams: unsmoothed BLEU 0
+    assert s.details["counts"][:3] == [300, 100, 0] and s.details["totals"][:3] == [400, 300, 200]
+    assert s.score == 0.0 and p.system == 0.0
+
+
+def test_one_moses_tokenizer_per_run_shared_by_system_and_baseline(monkeypatch):
+    """paired_bootstrap prepares the system and the baseline separately; the Moses tokenizer (which
+    loads its nonbreaking-prefix lists when built) is built once and shared through the cache."""
+    built = []
+
+    class Counting(B.MosesTokenizer):
+        def __init__(self, lang):
+            built.append(lang)
+            super().__init__(lang)
+
+    monkeypatch.setattr(B, "MosesTokenizer", Counting)
+    base = ["The cat sat on mat", "A dog barked", "It is rain"]
+    B.paired_bootstrap(HYPS, base, [REFS], ["tok-bleu"], TranslationOptions(lang="de"), n_samples=2)
+    assert built == ["de"]
+    score_translation(HYPS, [REFS], ["bleu", "tok-bleu"], TranslationOptions(lang="fr"))
+    assert built == ["de", "fr"]
+    score_translation(HYPS, [REFS], ["tok-bleu"], TranslationOptions(pretokenized=True))
+    assert built == ["de", "fr"]  # pretokenized input needs no tokenizer
+
+
+def test_the_library_refuses_an_unknown_metric_key():
+    """parse_metrics validates --metric for the CLI; a library caller passing a bad key directly
+    still gets one clear UserError, not a KeyError from inside."""
+    for call in (lambda: score_translation(HYPS, [REFS], ["bleu4"]),
+                 lambda: B.paired_bootstrap(HYPS, HYPS, [REFS], ["bleu4"], n_samples=2)):
+        with pytest.raises(UserError) as e:
+            call()
+        assert str(e.value) == "--metric: unknown translation metric 'bleu4'"

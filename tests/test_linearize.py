@@ -162,6 +162,9 @@ def test_parseval_of_gold_against_repaired_gold_linearization(sample_trees):
             "eat the cake .",
             "(TOP (S (VP (VB eat) (NP (DT the) (NN cake))) (. .)))",
         ),
+        # ... also when the match is the outermost open constituent, however deep the stack
+        ("(S (NP NN )S VB", "a b", "(TOP (S (NP (NN a))) (VB b))"),
+        ("(S (VP (NP NN )S (VP VB )VP", "a b", "(TOP (S (VP (NP (NN a)))) (VP (VB b)))"),
         # a closing label that matches nothing open, or a bare ")", closes the innermost
         ("(S (NP DT NN )VP VB )S", "the dog barked", "(TOP (S (NP (DT the) (NN dog)) (VB barked)))"),
         ("(S (NP DT NN ) VB )", "the dog barked", "(TOP (S (NP (DT the) (NN dog)) (VB barked)))"),
@@ -346,6 +349,7 @@ def test_linearize_messages_are_exact():
         ("(S NN )S", "a", "xx", "token 2 'NN' is not a bracket or a placeholder"),
         ("(S XX )S )S", "a", "xx", "token 4 ')S' closes nothing"),
         ("(S NN )NP", "a", "keep", "token 3 ')NP' closes (S"),
+        ("(S (NP NN )VP )S", "a", "keep", "token 4 ')VP' closes (NP"),  # names the innermost, not (S
         ("(S NN )", "a", "keep", "token 3 ')' closes (S"),
         ("(S (NP )NP NN )S", "a", "keep", "token 3 ')NP' closes an empty constituent"),
         ("(S (NP NN", "a", "keep", "2 constituent(s) not closed at the end: (S (NP"),
@@ -371,3 +375,36 @@ def test_word_and_mode_checks_are_exact():
     # the 2-character "<>" is a tag, "<a>" (3 characters) a special symbol that repair drops
     assert R("(S <> <a> )S", "w") == "(TOP (S (<> w)))"
     assert delinearize("(S <> )S", "w").to_string() == "(TOP (S (<> w)))"
+
+
+def test_fix_punctuation_tags_counts_nested_single_quotes():
+    """The `'` rule keeps a count of the single quotes opened by "`" and not yet closed: each
+    closing `''`-tagged `'` (predicted or decided) closes one; a `POS` never does; a `'` with no
+    quote open and nothing after it is a possessive (PTB tags `the Joneses '` POS)."""
+    def fix(text):
+        return fix_punctuation_tags(T(text)).to_string()
+
+    # one quote: the first ' closes it, the last one (end of the sentence) is a possessive
+    assert fix("(TOP (S (XX `) (XX Go) (XX ') (XX ,) (XX said) (XX the) (XX Joneses) (XX ')))") == (
+        "(TOP (S (`` `) (XX Go) ('' ') (, ,) (XX said) (XX the) (XX Joneses) (POS ')))")
+    # two nested quotes: both ' close one
+    assert fix("(TOP (S (XX `) (XX He) (XX said) (XX `) (XX no) (XX ') (XX today) (XX ')))") == (
+        "(TOP (S (`` `) (XX He) (XX said) (`` `) (XX no) ('' ') (XX today) ('' ')))")
+    # a predicted POS inside the quote is kept and closes nothing: the next ' still closes the quote
+    assert fix("(TOP (S (XX `) (XX The) (XX players) (POS ') (XX coach) (XX ')))") == (
+        "(TOP (S (`` `) (XX The) (XX players) (POS ') (XX coach) ('' ')))")
+    # a predicted '' with no quote open is kept and closes nothing (the count never goes below 0)
+    assert fix("(TOP (S (XX the) (XX Joneses) ('' ') (XX `) (XX house) (XX ')))") == (
+        "(TOP (S (XX the) (XX Joneses) ('' ') (`` `) (XX house) ('' ')))")
+
+
+def test_tree_line_escapes_a_word_with_only_one_kind_of_parenthesis():
+    assert tree_line(repair("NN", ["("])) == "(TOP (NN -LRB-))"
+    assert tree_line(repair("NN", [")"])) == "(TOP (NN -RRB-))"
+    assert tree_line(repair("NN NN", [":(", ":)"])) == "(TOP (NN :-LRB-) (NN :-RRB-))"
+
+
+def test_output_tree_line_repairs_in_the_given_pos_mode():
+    # xx: NN is unknown (dropped) and the missing word gets XX; keep: NN is a tag like any other
+    assert output_tree_line("(S NN XX )S", "a b", pos="xx") == "(TOP (S (XX a) (XX b)))"
+    assert output_tree_line("(S NN XX )S", "a b", pos="keep") == "(TOP (S (NN a) (XX b)))"

@@ -254,7 +254,6 @@ class _Prepared:
     metric: Any
     hyps: list[str]
     refs: list[list[str]]
-    moses: MosesTokenizer | None = None
 
 
 def _prepare(key: str, hyps: Sequence[str], refs: Sequence[Sequence[str]], opts: TranslationOptions, cache: dict) -> _Prepared:
@@ -288,9 +287,8 @@ def _prepare(key: str, hyps: Sequence[str], refs: Sequence[Sequence[str]], opts:
             metric,
             _multibleu_prepare(hyps, opts, moses),
             [_multibleu_prepare(r, opts, moses) for r in refs],
-            moses,
         )
-    raise UserError(f"--metric: unknown translation metric {key!r}")  # pragma: no cover - validated earlier
+    raise UserError(f"--metric: unknown translation metric {key!r}")  # the CLI validates earlier (parse_metrics)
 
 
 def _signature(p: _Prepared, opts: TranslationOptions) -> str:
