@@ -95,9 +95,15 @@ def test_width_after_a_new_batch_is_the_new_batch_s_own():
     # batch is 2 (not 10): three rows of width 2 cost 6
     items = [item(0, 9), item(1, 1), item(2, 1), item(3, 1)]
     assert shape(make_batches(items, 10, None)) == [[0], [1, 2, 3]]
-    # and the width grows with a longer row only when one comes (sorted: it never does)
     items = [item(0, 3), item(1, 3), item(2, 2)]
     assert shape(make_batches(items, 8, None)) == [[0, 1], [2]]  # 2 x 4 = 8; 3 x 4 = 12 > 8
+    # the first row of a new batch sets its width even when the next row is shorter:
+    # lengths 5, 3, 2 and max_tokens 6: [0] (6); [1] (4), + item 2: 2 x 4 = 8 > 6
+    items = [item(0, 5), item(1, 3), item(2, 2)]
+    assert shape(make_batches(items, 6, None)) == [[0], [1], [2]]
+    # lengths 5, 3, 3 and max_tokens 8: [0] (6); [1, 2]: 2 x 4 = 8, exactly the limit
+    items = [item(0, 5), item(1, 3), item(2, 3)]
+    assert shape(make_batches(items, 8, None)) == [[0], [1, 2]]
 
 
 def test_items_are_the_callers_objects():
