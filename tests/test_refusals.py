@@ -473,6 +473,7 @@ class _Command:
 
     def main(self, **kwargs):
         assert kwargs["prog_name"] == "nmtkit" and kwargs["standalone_mode"] is False
+        self.args = kwargs["args"]
         if isinstance(self.outcome, BaseException):
             raise self.outcome
         return self.outcome
@@ -486,7 +487,8 @@ def run_main(monkeypatch, capsys):
     saved = state["debug"]
 
     def run(outcome, *argv: str, from_sys: bool = False):
-        monkeypatch.setattr(cli.typer.main, "get_command", lambda app: _Command(outcome))
+        command = _Command(outcome)
+        monkeypatch.setattr(cli.typer.main, "get_command", lambda app: command)
         state["debug"] = False
         try:
             cli.main(None if from_sys else list(argv))
@@ -496,6 +498,7 @@ def run_main(monkeypatch, capsys):
         finally:
             debug, state["debug"] = state["debug"], saved
         cap = capsys.readouterr()
+        assert command.args == (None if from_sys else list(argv))  # the arguments reach the command
         return code, cap.out, cap.err, debug
 
     return run
@@ -524,6 +527,8 @@ def test_main_debug_is_read_from_argv_only_when_given(run_main, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["--debug", "score"])
     assert run_main(0, from_sys=True)[3] is False
     monkeypatch.setattr(sys, "argv", ["nmtkit", "score", "--debug"])
+    assert run_main(0, from_sys=True)[3] is True
+    monkeypatch.setattr(sys, "argv", ["nmtkit", "--debug", "score"])
     assert run_main(0, from_sys=True)[3] is True
     # NMTKIT_DEBUG=1 (state already True) is kept when --debug is absent
     import nmtkit.cli as cli
@@ -681,3 +686,46 @@ def test_preprocess_boundaries_are_accepted():
                {"srcdict": "a", "tgtdict": "b"}, {"target_bpe": "none"}, {"target_bpe": None}, {"bpe": "none"},
                {"source_lang": "pt_BR", "target_lang": "en-US"}):
         prep(**ok).validate()
+
+
+def test_main_a_reader_gone_at_the_final_flush_is_exit_0(run_main, monkeypatch):
+    """`nmtkit generate ... | head`: stdout is flushed inside main, so a closed pipe found only
+    then is the quiet exit 0 too, not the command's status or an error."""
+    import sys
+
+    class GonePipe:
+        def write(self, text):
+            return len(text)
+
+        def flush(self):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", GonePipe())
+    assert run_main(3)[:3] == (0, "", "")
+
+
+def test_main_click_errors_spread_over_lines_become_one(run_main):
+    import click
+
+    assert run_main(click.UsageError("first\nsecond"))[:3] == (2, "", "nmtkit: error: first second\n")
+    root = click.Context(click.Group("nmtkit"), info_name="nmtkit")
+    sub = click.Context(click.Command("train"), parent=root, info_name="train")
+    assert run_main(click.UsageError("bad\nflag", ctx=sub))[:3] == (
+        2, "", "nmtkit: error: bad flag (see 'nmtkit train --help')\n")
+    assert run_main(click.UsageError("bad", ctx=root))[:3] == (2, "", "nmtkit: error: bad\n")
+
+
+def test_error_line_is_bold_red_on_a_terminal(monkeypatch):
+    """On a terminal the line is bold red; the text is printed as it is (no markup, no emoji)."""
+    import io
+
+    from rich.console import Console
+
+    import nmtkit.cli as cli
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, color_system="standard", markup=False, emoji=False,
+                      highlight=False, width=200)
+    monkeypatch.setattr(cli, "_err", console)
+    cli.error_line("train.de:100: [bold]x[/bold] :smile:")
+    assert buf.getvalue() == "\x1b[1;31mnmtkit: error: train.de:100: [bold]x[/bold] :smile:\x1b[0m\n"
