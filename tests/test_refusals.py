@@ -79,6 +79,7 @@ def test_check_number_messages_and_bounds():
     refused(lambda: check_number("--lr", float("inf")), "--lr must be a finite number, got inf", SettingError)
     refused(lambda: check_number("--lr", (0.9, float("-inf"))), "--lr must be a finite number, got -inf", SettingError)
     refused(lambda: check_number("--lr", [0.5, float("nan")]), "--lr must be a finite number, got nan", SettingError)
+    refused(lambda: check_number("--lr", [1, float("nan")]), "--lr must be a finite number, got nan", SettingError)
     refused(lambda: check_number("--lr", 1e39), range_msg.format("1e+39"), SettingError)
     refused(lambda: check_number("--lr", -1e39), range_msg.format("-1e+39"), SettingError)
     refused(lambda: check_number("--lr", 1e-39), range_msg.format("1e-39"), SettingError)
@@ -161,6 +162,8 @@ def train(**kw):
     ({"ema": True}, "--ema applies with --finetune-from-model (it picks that checkpoint's EMA weights to start from)"),
     ({"valid_subset": "train"}, "--valid-subset must differ from --train-subset ('train')"),
     ({"lr": float("inf")}, "--lr must be a finite number, got inf"),
+    ({"update_freq": None}, "--update-freq must be > 0, got None"),  # library callers may pass None
+    ({"lr": None}, "--lr must be > 0, got None"),
 ])
 def test_train_refusals(bad, message):
     refused(lambda: train(**bad), message)
@@ -258,6 +261,7 @@ def test_generate_refusals(export_dir, bad, message):
 
 def test_generate_valid_combinations_are_accepted(export_dir):
     for ok in ({}, {"max_tokens": 1, "batch_size": 1, "buffer_size": 1}, {"threads": 0}, {"quantize": "int8"},
+               {"precision": "bf16"}, {"precision": "fp16", "threads": 2},
                {"format": "fairseq"}, {"input": "-"}, {"gen_subset": "valid"},
                {"print_alignment": "words", "alignment_layer": 1}, {"print_alignment": "subword"},
                {"score_reference": True}, {"score_reference": True, "input": "in.txt", "reference": "ref.txt"},
@@ -275,7 +279,7 @@ def test_check_model_paths_returns_the_export(export_dir):
     assert check_model_options(gen()) is None
 
 
-def test_check_output_path(tmp_path):
+def test_check_output_path(tmp_path, monkeypatch):
     from nmtkit.generation.generator import _check_output_path
 
     src, ckpt, ref = tmp_path / "in.de", tmp_path / "m.pt", tmp_path / "ref.en"
@@ -292,6 +296,14 @@ def test_check_output_path(tmp_path):
     # accepted: stdout, a new file, an existing file that is none of the inputs, stdin as input
     for out in (None, "-", str(tmp_path / "new.txt")):
         _check_output_path(gen(output=out, input=str(src)))
+    # "-" is stdout as --output and stdin as --input, even beside a file or a folder named "-"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-").mkdir()
+    _check_output_path(gen(output="-", input=str(src)))
+    (tmp_path / "-").rmdir()
+    (tmp_path / "-").write_text("", encoding="utf-8")
+    _check_output_path(gen(output="-", input="./-"))
+    _check_output_path(gen(output=str(tmp_path / "-"), input="-"))
     other = tmp_path / "old.txt"
     other.write_text("", encoding="utf-8")
     _check_output_path(gen(output=str(other), input="-", paths=[str(ckpt), str(tmp_path / "missing.pt")]))
@@ -396,6 +408,10 @@ def test_score_refusals(bad, message):
 
 
 def test_score_valid_combinations_are_accepted():
+    refused_tok = pytest.raises(UserError)
+    with refused_tok as e:
+        score(tokenize="nope").validate()
+    assert str(e.value).startswith("--tokenize: unknown sacreBLEU tokenizer 'nope' (choose from ") and "13a" in str(e.value)
     for ok in ({}, {"metric": "parseval"}, {"metric": "parseval", "per_sentence": True, "evalb_param": Path("x.prm")},
                {"tokenize": "13a"}, {"metric": "bleu,tok-bleu", "tokenize": "intl", "lang": "de", "compound_split": True},
                {"metric": "tok-bleu", "pretokenized": True}, {"confidence": True, "confidence_n": 2},
@@ -684,7 +700,8 @@ def test_preprocess_boundaries_are_accepted():
                 "shard_size": 1, "thresholdsrc": 0}, {"ratio": 0.0}, {"ratio": 1.0}, {"max_len": 0, "min_len": 5},
                {"min_len": 10, "max_len": 10}, {"joined_dictionary": True, "nwordssrc": 50, "thresholdsrc": 2},
                {"srcdict": "a", "tgtdict": "b"}, {"target_bpe": "none"}, {"target_bpe": None}, {"bpe": "none"},
-               {"source_lang": "pt_BR", "target_lang": "en-US"}):
+               {"source_lang": "pt_BR", "target_lang": "en-US"}, {"source_lang": "Xx", "target_lang": "XX"},
+               {"min_len": 0}):
         prep(**ok).validate()
 
 
