@@ -198,12 +198,20 @@ def test_truncation_names_the_first_max_warnings_then_counts():
 # Translator.translate_items
 
 
+def on_device(model, device: str, search_cfg: SearchConfig, d) -> Translator:
+    """A Translator over `model` (moved to `device`), without a data directory."""
+    from nmtkit.models.loading import LoadedModels
+
+    loaded = LoadedModels([model.to(device)], max_source_tokens=15, max_target_tokens=15)
+    return Translator(loaded, data_dir="unused", manifest={"source_lang": "de", "target_lang": "en"},
+                      src_dict=d, tgt_dict=d, tgt_subword=None, device=torch.device(device), search=search_cfg)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """A Translator over a random Transformer (12 target symbols), without a data directory."""
     from nmtkit.data.dictionary import Dictionary
     from nmtkit.models import ArchConfig, Transformer
-    from nmtkit.models.loading import LoadedModels
 
     d = Dictionary()
     for w in "abcdefgh":
@@ -214,11 +222,7 @@ def tiny():
     model = Transformer(cfg, len(d), len(d)).eval()
     with torch.no_grad():  # peaked, source-dependent outputs
         model.tgt_embed.weight.mul_(3.0)
-    loaded = LoadedModels([model], max_source_tokens=15, max_target_tokens=15)
-    search_cfg = SearchConfig(beam=3, nbest=2, max_len_b=5)
-    tr = Translator(loaded, data_dir="unused", manifest={"source_lang": "de", "target_lang": "en"},
-                    src_dict=d, tgt_dict=d, tgt_subword=None, device=torch.device("cpu"), search=search_cfg)
-    return tr, model
+    return on_device(model, "cpu", SearchConfig(beam=3, nbest=2, max_len_b=5), d), model
 
 
 SOURCES = [[4, 5, 6, 7, 8], [9], [], [10, 11, 4], [6, 6, 6, 6, 6, 6, 6], [7, 8], [5, 9, 10]]
@@ -276,3 +280,22 @@ def test_translate_items_per_call_settings_and_on_batch_optional(tiny):
             assert same(got[i], alone(model, s, cfg))
             assert len(got[i]) == 1 and len(got[i][0].tokens) <= len(s) + 2
     assert tr.search.beam == 3  # the load-time settings are unchanged
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_translate_items_on_cuda_batched_equals_one_at_a_time(tiny):
+    """The batch goes to the translator's device (the model's): on a GPU, batched results equal
+    each sentence searched alone there."""
+    import copy
+
+    tr, model = tiny
+    gpu = copy.deepcopy(model).cuda()
+    tg = on_device(gpu, "cuda", tr.search, tr.src_dict)
+    tg.batch_size = 3
+    items = [Item(i, np.array(s, dtype=np.int64)) for i, s in enumerate(SOURCES)]
+    got = tg.translate_items(items)
+    cfg = tg.search_config()
+    for i, s in enumerate(SOURCES):
+        if s:
+            want = search([gpu], torch.tensor([s + [2]], device="cuda"), cfg)[0]
+            assert same(got[i], want), i
