@@ -730,6 +730,8 @@ def test_main_click_errors_spread_over_lines_become_one(run_main):
     assert run_main(click.UsageError("bad\nflag", ctx=sub))[:3] == (
         2, "", "nmtkit: error: bad flag (see 'nmtkit train --help')\n")
     assert run_main(click.UsageError("bad", ctx=root))[:3] == (2, "", "nmtkit: error: bad\n")
+    # a click error without a context at all (not a usage error)
+    assert run_main(click.ClickException("no context"))[:3] == (2, "", "nmtkit: error: no context\n")
 
 
 def test_error_line_is_bold_red_on_a_terminal(monkeypatch):
