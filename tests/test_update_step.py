@@ -327,7 +327,7 @@ def test_nan_update_is_not_applied_and_counted(data_dir, tmp_path):
     for k in (1, 2):
         with poisoned(t.model), applied_steps() as seen:
             out = step(t, batches_of(t, k, 1))
-        assert not out.applied and out.skip == "nan" and not seen
+        assert out.applied is False and out.skip == "nan" and not seen
         assert (t.state.update, t.state.nan_skips, t.state.consecutive_nan) == (1, k, k)
         for name, p in t.model.named_parameters():
             assert torch.equal(p, w1[name]), name
@@ -776,3 +776,18 @@ def test_ddp_syncs_gradients_on_the_last_micro_batch_only(data_dir, tmp_path):
     assert out.applied and len(forwards) == 3
     assert reduced and set(reduced) == {3}
     assert rel_err(seen[0]["grads"], ref["grads"]) < 1e-5
+
+
+def test_token_counts_beyond_float32_precision_are_exact(data_dir, tmp_path):
+    """The counts travel in a float64 tensor (for the all-reduce): 2^24 + 1 tokens, which float32
+    would round to 2^24, are reported exactly."""
+    import dataclasses
+
+    from nmtkit.training.stopping import LoopFlags
+
+    t = new_trainer(data_dir, tmp_path / "b")
+    b = batches_of(t, 0, 1)[0]
+    big = dataclasses.replace(b, ntokens=2**24 + 1)
+    assert float(torch.tensor(2**24 + 1, dtype=torch.float32)) == 2**24  # what float32 would make of it
+    out = t.update_step([big], 1, LoopFlags())
+    assert out.ntokens == 2**24 + 1 and out.nsentences == b.nsentences
