@@ -708,8 +708,12 @@ def test_a_finite_gradient_with_a_non_finite_loss_is_still_skipped(data_dir, tmp
     from nmtkit.training import step as S
 
     real = S.label_smoothed_cross_entropy
-    monkeypatch.setattr(S, "label_smoothed_cross_entropy",
-                        lambda lg, tg, eps: (lambda l, n, k: (l + float("inf"), n, k))(*real(lg, tg, eps)))
+
+    def inf_loss(logits, target, eps):
+        loss, nll, n = real(logits, target, eps)
+        return loss + float("inf"), nll, n
+
+    monkeypatch.setattr(S, "label_smoothed_cross_entropy", inf_loss)
     t = new_trainer(data_dir, tmp_path / "i")
     w = params_of(t.model)
     with applied_steps() as seen:
