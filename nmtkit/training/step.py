@@ -143,7 +143,7 @@ class UpdateStep:
         finite = math.isfinite(out.gnorm) and math.isfinite(out.loss_sum)
         if finite and self.clip_norm > 0:
             coef = torch.clamp(self.clip_norm / (gnorm_t + 1e-6), max=1.0)
-            torch._foreach_mul_(grads, coef.to(grads[0].device))
+            torch._foreach_mul_(grads, coef)  # coef is on the grads' device: total_norm made it from them
         if scaler.is_enabled():
             scaler.step(objs.optimizer)  # skipped by the scaler itself on inf/NaN gradients
             scaler.update()
