@@ -49,7 +49,9 @@ MODULES: dict[str, Module] = {
     "loss": Module(("nmtkit/training/loss.py",), ("tests/test_loss.py",)),
     "schedule": Module(("nmtkit/training/schedule.py",), ("tests/test_schedule.py",)),
     "ema": Module(("nmtkit/training/ema.py",), ("tests/test_ema.py",)),
-    "search": Module(("nmtkit/generation/search.py",), ("tests/test_search.py",)),
+    # the fast unit tests first; the golden outputs pin the fp32 hypotheses of real models
+    "search": Module(("nmtkit/generation/search.py",),
+                     ("tests/test_search_rules.py", "tests/test_search.py", "tests/test_search_golden.py")),
     "generation-batching": Module(
         ("nmtkit/generation/translator.py", "nmtkit/generation/generator.py"),
         ("tests/test_generate.py", "tests/test_translator.py"),
@@ -72,7 +74,7 @@ MODULES: dict[str, Module] = {
         ("nmtkit/cli/__init__.py", "nmtkit/generation/generator.py", "nmtkit/generation/search.py",
          "nmtkit/training/config.py"),
         ("tests/test_cli.py", "tests/test_flags.py", "tests/test_generate.py", "tests/test_search.py",
-         "tests/test_train.py"),
+         "tests/test_search_rules.py", "tests/test_train.py"),
         ("nmtkit.cli.x_main__*", "nmtkit.cli.x_error_line__*", "*.xǁGenerateOptionsǁvalidate__*",
          "*.xǁSearchConfigǁ__post_init____*", "*.xǁTrainConfigǁvalidate__*", "*.x_check_output_path__*"),
         "the exit-2 paths: cli.main's error handling, the configs' flag rules, generate's path checks"),
