@@ -379,3 +379,90 @@ def test_unseeded_sampling_differs_between_runs():
     a = search(FixedModel(table), src_batch([[4]]), cfg)[0]
     b = search(FixedModel(table), src_batch([[4]]), cfg)[0]
     assert sorted(h.tokens for h in a) != sorted(h.tokens for h in b)
+
+
+# --------------------------------------------------------------------------------------------
+# The model interface: ensembles, functional caches, and the optional `include_encoder` of a
+# cache's index_select (docs/internals.md).
+
+
+def test_an_empty_ensemble_is_refused():
+    with pytest.raises(ValueError, match=r"^need at least one model$"):
+        search([], src_batch([[4]]), SearchConfig(beam=2))
+
+
+class _Hashed:
+    """Next-token log-probs from a table indexed by a hash of (source, prefix), as in
+    tests/test_search.py's ToyModel; the cache is functional (index_select returns a new cache
+    and leaves the old one alone) or in place, and may record every reordering."""
+
+    M = 997
+
+    def __init__(self, vocab, seed, functional=False, log=None):
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(self.M, vocab, generator=g) * 3.0  # (M, V)
+        self.functional, self.log = functional, log
+
+    def encode(self, src):  # (B, S) -> a hash per sentence
+        return _Key((src * torch.arange(1, src.size(1) + 1) * 31).sum(1) % self.M)
+
+    def new_cache(self):
+        return _HashCache(None, self.functional, self.log)
+
+    def decode_step(self, prev, enc, cache):  # (N, 1) -> (N, 1, V)
+        h = enc.key if cache.h is None else cache.h
+        cache.h = (h * 131 + prev.view(-1) * 17 + 3) % self.M
+        return self.table[cache.h].unsqueeze(1)
+
+
+class _Key:
+    def __init__(self, key):
+        self.key = key
+
+    def index_select(self, order):
+        return _Key(self.key.index_select(0, order))
+
+
+class _HashCache:
+    def __init__(self, h, functional, log):
+        self.h, self.functional, self.log = h, functional, log
+
+    def index_select(self, order, include_encoder=True):
+        if self.log is not None:
+            self.log.append((order.numel(), include_encoder))
+        h = None if self.h is None else self.h.index_select(0, order)
+        if self.functional:
+            return _HashCache(h, True, self.log)
+        self.h = h
+        return None
+
+
+SRCS = [[4, 5, 6], [7], [], [8, 4, 5, 6, 7], [5, 5]]
+
+
+@pytest.mark.parametrize("cfg", [SearchConfig(beam=3, nbest=2), SearchConfig(beam=1),
+                                 SearchConfig(beam=3, nbest=3, sampling=True, seed=4)])
+def test_functional_and_in_place_caches_give_the_same_result(cfg):
+    """Both cache styles the interface allows: a cache whose index_select returns the reordered
+    cache (and must then be used instead of the old one), and one that reorders itself."""
+    src = src_batch(SRCS)
+    a = search(_Hashed(9, seed=1), src, cfg)
+    b = search(_Hashed(9, seed=1, functional=True), src, cfg)
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in a] == [[(h.tokens, h.score) for h in hyps] for hyps in b]
+    assert len({tuple(h.tokens) for hyps in a for h in hyps}) > 3  # guard: outputs differ
+
+
+def test_cache_skips_the_encoder_only_when_rows_stay_within_sentences():
+    """Beam search asks a cache that accepts `include_encoder` to skip copying the encoder-side
+    keys/values exactly when rows only move among the beams of each sentence: not at the first
+    step (one row per sentence becomes `beam` rows) nor when finished sentences leave the batch.
+    Greedy search only ever drops rows, so it never skips."""
+    log = []
+    search(_Hashed(9, seed=2, log=log), src_batch(SRCS), SearchConfig(beam=3))
+    assert log[0] == (3 * len(SRCS), True)
+    for (prev_rows, _), (rows, include_encoder) in zip(log, log[1:]):
+        assert include_encoder == (rows < prev_rows), log
+    assert {inc for _, inc in log} == {True, False}  # guard: both kinds of step happened
+    log = []
+    search(_Hashed(9, seed=2, log=log), src_batch(SRCS), SearchConfig(beam=1))
+    assert log and all(inc for _, inc in log)
