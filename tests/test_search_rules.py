@@ -466,3 +466,39 @@ def test_cache_skips_the_encoder_only_when_rows_stay_within_sentences():
     log = []
     search(_Hashed(9, seed=2, log=log), src_batch(SRCS), SearchConfig(beam=1))
     assert log and all(inc for _, inc in log)
+
+
+# --------------------------------------------------------------------------------------------
+# When a sentence stops: the number of decoding steps, worked out by hand.
+
+
+@pytest.mark.parametrize("kw,steps", [
+    # lenpen 0 (lp = 1); per step p(</s>) = 0.5, p(4) = 0.3, p(5) = 0.2; beam 2, limit 10 tokens.
+    # bound, nbest 1: after step 0 the finished "</s>" (log 0.5) beats the best live log 0.3.
+    ({"early_stop": "bound"}, 1),
+    # bound, nbest 2: the second finished, "4 </s>" (log 0.15), beats the best live "4 4" (log 0.09)
+    # after step 1.
+    ({"early_stop": "bound", "nbest": 2}, 2),
+    # fairseq's rule: 2 finished after step 1 ("</s>", then "4 </s>" ranks 1st of the step's 4)
+    ({"early_stop": "beam"}, 2),
+    # to the limit: steps 0..10
+    ({"early_stop": "none"}, 11),
+    # a negative --unk-penalty (a reward) may raise a log-prob above 0: the bound is not used
+    ({"early_stop": "bound", "unk_penalty": -1.0}, 11),
+])
+def test_beam_search_stops_when_the_rule_says(kw, steps):
+    m = FixedModel([[0.0, 0.0, 0.5, 0.0, 0.3, 0.2]])
+    cfg = SearchConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=10, **kw)
+    hyps = search(m, src_batch([[4]]), cfg)[0]
+    assert len(m.rows) == steps
+    assert hyps[0].tokens == [] and hyps[0].score == pytest.approx(math.log(0.5))
+    if cfg.nbest == 2:
+        assert hyps[1].tokens == [4] and hyps[1].score == pytest.approx(math.log(0.15))
+
+
+def test_greedy_stops_at_the_limit_when_the_model_never_ends():
+    """A model that gives </s> probability 0: greedy search still stops at the output limit,
+    with max_len tokens and a -inf score."""
+    m = FixedModel([[0.0, 0.0, 0.0, 0.1, 0.6, 0.3]])
+    hyp = search(m, src_batch([[4, 5]]), SearchConfig(beam=1, max_len_a=1.0, max_len_b=1))[0][0]
+    assert hyp.tokens == [4, 4, 4] and hyp.score == NEG and len(m.rows) == 4
