@@ -502,3 +502,49 @@ def test_greedy_stops_at_the_limit_when_the_model_never_ends():
     m = FixedModel([[0.0, 0.0, 0.0, 0.1, 0.6, 0.3]])
     hyp = search(m, src_batch([[4, 5]]), SearchConfig(beam=1, max_len_a=1.0, max_len_b=1))[0][0]
     assert hyp.tokens == [4, 4, 4] and hyp.score == NEG and len(m.rows) == 4
+
+
+@pytest.mark.parametrize("early_stop", ["none", "bound", "beam"])
+def test_beam_search_stops_when_every_live_hypothesis_is_dead(early_stop):
+    """Vocabulary <unk>, 4 (and </s>), each token at most once, </s> banned before 5 tokens: the
+    live hypotheses are "4", "<unk>" (and a dead third beam), then "4 <unk>" and "<unk> 4", which
+    must end at step 2 (every token banned); after that nothing is alive, so the search stops
+    after 3 steps whatever the rule, with fewer finished hypotheses than beams."""
+    m = FixedModel([[0.0, 0.0, 0.2, 0.3, 0.5]])
+    cfg = SearchConfig(beam=3, nbest=3, min_len=5, no_repeat_ngram_size=1, max_len_a=0.0, max_len_b=10,
+                       early_stop=early_stop)
+    hyps = search(m, src_batch([[4]]), cfg)[0]
+    assert len(m.rows) == 3
+    assert sorted(h.tokens for h in hyps) == [[UNK, 4], [4, UNK]]
+    for h in hyps:
+        assert h.logprob == pytest.approx(math.log(0.5 * 0.3 * 0.2), abs=1e-6)
+
+
+def test_bound_stops_when_the_best_finished_equals_the_bound():
+    """p(</s>) = p(4) = 0.4 and lenpen 0: after step 0 the finished "</s>" scores exactly what the
+    live "4" could at best still reach (log 0.4), which is enough to stop ("at least")."""
+    m = FixedModel([[0.0, 0.0, 0.4, 0.0, 0.4, 0.2]])
+    hyps = search(m, src_batch([[4]]), SearchConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=10))[0]
+    assert len(m.rows) == 1 and hyps[0].tokens == []
+
+
+@pytest.mark.parametrize("probs,lenpen,form,steps", [
+    # fairseq, alpha 1 (lp(L) = L), limit 2: after step 0 the bound is log 0.1 / lp(3) = -0.768, and
+    # "</s>" has log 0.5 = -0.693 >= it: stop (dividing by lp(4) would give -0.576 and go on).
+    ([0.0, 0.0, 0.5, 0.0] + [0.1] * 5, 1.0, "fairseq", 1),
+    # limit 3 from here on. fairseq, alpha -1 (lp(L) = 1/L, largest for the shortest |Y|): after
+    # step 0 the bound is log 0.5 / lp(2) = -1.386 > log 0.2 = -1.609: go on; after step 1 the
+    # bound is log 0.25 / lp(3) = -4.159: stop (lp(3) at step 0 would have stopped at once).
+    ([0.0, 0.0, 0.2, 0.0, 0.5, 0.3], -1.0, "fairseq", 2),
+    # fairseq, alpha 1: after step 0 the bound is log 0.1 / lp(4) = -0.576 > log 0.4 = -0.916: go
+    # on (lp(2) of the limit 3 - 1 would stop); after step 1, log 0.01 / lp(4) = -1.151: stop.
+    ([0.0, 0.0, 0.4, 0.0] + [0.1] * 6, 1.0, "fairseq", 2),
+])
+def test_bound_uses_the_penalty_of_the_longest_reachable_output(probs, lenpen, form, steps):
+    """The bound divides the best live log-prob by the largest penalty any continuation could
+    still get: lp(t + 2) for the next length or lp(max_len + 1) at the limit."""
+    m = FixedModel([probs])
+    limit = 2 if steps == 1 else 3
+    cfg = SearchConfig(beam=2, lenpen=lenpen, lenpen_form=form, max_len_a=0.0, max_len_b=limit)
+    hyps = search(m, src_batch([[4]]), cfg)[0]
+    assert len(m.rows) == steps and hyps[0].tokens == []
