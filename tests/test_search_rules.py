@@ -548,3 +548,16 @@ def test_bound_uses_the_penalty_of_the_longest_reachable_output(probs, lenpen, f
     cfg = SearchConfig(beam=2, lenpen=lenpen, lenpen_form=form, max_len_a=0.0, max_len_b=limit)
     hyps = search(m, src_batch([[4]]), cfg)[0]
     assert len(m.rows) == steps and hyps[0].tokens == []
+
+
+def test_beam_search_returns_only_finished_hypotheses_and_at_least_one():
+    """nbest 2, but only one hypothesis can finish ("4 </s>": </s> is banned at step 0, <unk> has
+    probability 0 and 4 may not repeat): one hypothesis, not a second, empty one. And a model
+    that never ends (p(</s>) = 0) still gives each sentence one hypothesis (callers read [0])."""
+    m = FixedModel([[0.0, 0.0, 0.5, 0.0, 0.5]])
+    cfg = SearchConfig(beam=2, nbest=2, min_len=1, no_repeat_ngram_size=1, max_len_a=0.0, max_len_b=5)
+    out = search(m, src_batch([[4], [5]]), cfg)
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in out] == [[([4], pytest.approx(math.log(0.25) / (7 / 6) ** 0.6))]] * 2
+    out = search(FixedModel([[0.0, 0.0, 0.0, 0.1, 0.6, 0.3]]), src_batch([[4], [5, 6]]),
+                 SearchConfig(beam=2, nbest=2, max_len_a=1.0, max_len_b=1))
+    assert [len(hyps) for hyps in out] == [1, 1] and all(hyps[0].score == NEG for hyps in out)
