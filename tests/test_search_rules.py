@@ -561,3 +561,33 @@ def test_beam_search_returns_only_finished_hypotheses_and_at_least_one():
     out = search(FixedModel([[0.0, 0.0, 0.0, 0.1, 0.6, 0.3]]), src_batch([[4], [5, 6]]),
                  SearchConfig(beam=2, nbest=2, max_len_a=1.0, max_len_b=1))
     assert [len(hyps) for hyps in out] == [1, 1] and all(hyps[0].score == NEG for hyps in out)
+
+
+class _Opaque:
+    """A callable whose signature cannot be read (as for some C-extension methods)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    @property
+    def __signature__(self):
+        raise ValueError("no signature")
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def test_a_cache_whose_signature_cannot_be_read_is_called_without_include_encoder():
+    log = []
+
+    class OpaqueModel(_Hashed):
+        def new_cache(self):
+            c = _HashCache(None, False, None)
+            plain = c.index_select
+            c.index_select = _Opaque(lambda order: (log.append(order.numel()), plain(order))[1])
+            return c
+
+    src = src_batch(SRCS)
+    a = search(OpaqueModel(9, seed=1), src, SearchConfig(beam=3, nbest=2))
+    b = search(_Hashed(9, seed=1), src, SearchConfig(beam=3, nbest=2))
+    assert [[h.tokens for h in hyps] for hyps in a] == [[h.tokens for h in hyps] for hyps in b] and log
