@@ -496,6 +496,10 @@ def tiny_transformer(vocab: int, seed: int, peak: float = 2.0, layers: int = 2):
 
 @pytest.fixture(scope="module")
 def reverser():
+    return load_reverser()
+
+
+def load_reverser():
     """A real Transformer trained briefly to reverse sequences of the symbols 4..11 (2+2 layers,
     d_model 32, V = 12): tests/test_search_golden.py's "post" model, loaded from its stored
     weights. Half-trained on purpose: its distributions depend on the source and the whole
