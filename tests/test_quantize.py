@@ -116,9 +116,9 @@ def test_quantized_large_beam_is_exact_against_brute_force(lenpen, form):
 
 @pytest.fixture(scope="module")
 def quantized_reverser():
-    from tests.test_search import train_reverser
+    from tests.test_search import load_reverser
 
-    return _quantized(train_reverser())
+    return _quantized(load_reverser())
 
 
 @pytest.mark.parametrize("cfg", [SearchConfig(beam=4, nbest=2), SearchConfig(beam=3, min_len=4, lenpen=1.0, lenpen_form="fairseq"),

@@ -494,48 +494,32 @@ def tiny_transformer(vocab: int, seed: int, peak: float = 2.0, layers: int = 2):
     return m
 
 
-def train_reverser(steps: int = 120, seed: int = 0, vocab: int = 12):
-    """A real Transformer trained briefly (plain PyTorch, ~2 s) to reverse sequences of the
-    symbols 4..vocab-1. Half-trained on purpose: its distributions depend on the source and the
-    whole prefix and are neither flat nor one-hot, so beams hold different histories and search
-    has real choices (random-initialised models just repeat one token)."""
+@pytest.fixture(scope="module")
+def reverser():
+    return load_reverser()
+
+
+def load_reverser():
+    """A real Transformer trained briefly to reverse sequences of the symbols 4..11 (2+2 layers,
+    d_model 32, V = 12): tests/test_search_golden.py's "post" model, loaded from its stored
+    weights. Half-trained on purpose: its distributions depend on the source and the whole
+    prefix and are neither flat nor one-hot, so beams hold different histories and search has
+    real choices (random-initialised models just repeat one token). Loaded rather than trained
+    here: training took 9 s, paid again by every process of a mutation run (docs/testing.md)."""
+    from pathlib import Path
+
     from nmtkit.models import ArchConfig, Transformer
 
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
+    weights = torch.load(Path(__file__).parent / "golden" / "search_models.pt", weights_only=True)["post"]
     cfg = ArchConfig(
         encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
         max_source_positions=64, max_target_positions=64,
     )
-    m = Transformer(cfg, vocab, vocab)
-    opt = torch.optim.Adam(m.parameters(), lr=5e-3)
-    B, L = 32, 8
-    pos = torch.arange(L)
-    rows = torch.arange(B)
-    for _ in range(steps):
-        lens = torch.randint(1, L + 1, (B,), generator=g)  # (B,)
-        toks = torch.randint(4, vocab, (B, L), generator=g)
-        real = pos < lens[:, None]  # (B, L)
-        rev_idx = torch.where(real, lens[:, None] - 1 - pos, pos)
-        rev = toks.gather(1, rev_idx)
-        src = torch.cat([torch.where(real, toks, PAD), torch.zeros(B, 1, dtype=torch.long)], 1)  # (B, L+1)
-        src[rows, lens] = EOS
-        tgt_out = torch.cat([torch.where(real, rev, PAD), torch.zeros(B, 1, dtype=torch.long)], 1)
-        tgt_out[rows, lens] = EOS
-        tgt_in = torch.cat([torch.full((B, 1), BOS), torch.where(real, rev, PAD)], 1)
-        logits = m(src, tgt_in)  # (B, L+1, V)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1), ignore_index=PAD)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    m = Transformer(cfg, 12, 12)
+    m.load_state_dict({k: v.float() for k, v in weights.items()})
     m.eval()
-    m.V = vocab
+    m.V = 12
     return m
-
-
-@pytest.fixture(scope="module")
-def reverser():
-    return train_reverser()
 
 
 @dataclass

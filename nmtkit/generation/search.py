@@ -310,8 +310,10 @@ def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchCon
 
     src_tokens: (B, S) long, each row `tokens + [</s>]` right-padded with `<pad>`.
     `models`: one model or a sequence of models (an ensemble). Beam 1 (without sampling) is
-    greedy search; sampling draws `beam` independent samples per sentence.
+    greedy search; sampling draws `beam` independent samples per sentence. An empty batch gives [].
     """
+    if src_tokens.size(0) == 0:  # nothing to decode (the searches below assume B >= 1)
+        return []
     ens = _Ensemble(models if isinstance(models, (list, tuple)) else [models])
     with torch.inference_mode():
         if cfg.sampling or cfg.beam == 1:
@@ -352,7 +354,7 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
 
     max_len = max_lengths(src_tokens, cfg).to(device)  # (B,)
     min_len = torch.clamp(max_len, max=cfg.min_len)  # (B,) max_len wins over min_len
-    T = int(max_len.max()) if B else 0
+    T = int(max_len.max())
     # The bound needs log-probs <= 0; a negative --unk-penalty (a reward) breaks it.
     bound_stop = cfg.early_stop == "bound" and cfg.unk_penalty >= 0
     fairseq_stop = cfg.early_stop == "beam"
@@ -518,7 +520,7 @@ def _independent_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchCon
 
     max_len = max_lengths(src_tokens, cfg).to(device).repeat_interleave(S)  # (N,)
     min_len = torch.clamp(max_len, max=cfg.min_len)
-    T = int(max_len.max()) if B else 0
+    T = int(max_len.max())
     N = B * S
 
     encs = ens.encode(src_tokens)

@@ -49,7 +49,9 @@ MODULES: dict[str, Module] = {
     "loss": Module(("nmtkit/training/loss.py",), ("tests/test_loss.py",)),
     "schedule": Module(("nmtkit/training/schedule.py",), ("tests/test_schedule.py",)),
     "ema": Module(("nmtkit/training/ema.py",), ("tests/test_ema.py",)),
-    "search": Module(("nmtkit/generation/search.py",), ("tests/test_search.py",)),
+    # the fast unit tests first; the golden outputs pin the fp32 hypotheses of real models
+    "search": Module(("nmtkit/generation/search.py",),
+                     ("tests/test_search_rules.py", "tests/test_search.py", "tests/test_search_golden.py")),
     "generation-batching": Module(
         ("nmtkit/generation/translator.py", "nmtkit/generation/generator.py"),
         ("tests/test_generate_batching.py", "tests/test_generate.py", "tests/test_translator.py"),
@@ -77,7 +79,8 @@ MODULES: dict[str, Module] = {
          "nmtkit/data/preprocess.py"),
         # the configs' rules are checked directly by test_refusals.py (exact messages); test_search.py
         # and test_train.py (30 s a survivor) are left out: they reach these functions only on the way
-        ("tests/test_refusals.py", "tests/test_cli.py", "tests/test_flags.py", "tests/test_generate.py"),
+        ("tests/test_refusals.py", "tests/test_search_rules.py", "tests/test_cli.py", "tests/test_flags.py",
+         "tests/test_generate.py"),
         ("nmtkit.cli.x_main__*", "nmtkit.cli.x_error_line__*",
          "*.xǁGenerateOptionsǁvalidate__*", "*.xǁGenerateOptionsǁ_validate_inspection__*",
          "*.xǁGenerateOptionsǁ_validate_export__*", "*.x_check_model_options__*", "*.x_check_model_paths__*",
