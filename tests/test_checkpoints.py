@@ -594,6 +594,9 @@ def test_every_layout_refusal_names_the_file_and_the_entry(tmp_path):
         ({"train_args": "--lr 1"}, "'train_args' is a str, expected a dict"),
         ({"averaged_from": "a.pt"}, "'averaged_from' is a str, expected a list of file names"),
         ({"averaged_from": {"a.pt": 1}}, "'averaged_from' is a dict, expected a list of file names"),
+        # the weights-only loader also builds OrderedDicts (state_dicts are ones): any mapping is "a dict"
+        ({"averaged_from": __import__("collections").OrderedDict(a=1)},
+         "'averaged_from' is a dict, expected a list of file names"),
     ]
     for change, message in cases:
         with pytest.raises(UserError) as e:
