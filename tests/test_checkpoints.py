@@ -788,7 +788,6 @@ def refusal(p) -> str:
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")
 def test_the_refusal_reason_is_what_torch_refused_without_its_advice(tmp_path):
     import os
-    import sys
     import zipfile
 
     class Evil:
@@ -812,9 +811,14 @@ def test_the_refusal_reason_is_what_torch_refused_without_its_advice(tmp_path):
             if info.filename.endswith("data.pkl"):
                 data = data.replace(b"posix\nsystem\n", b"torch.distributed.tensor\nDTensor\n")
             out.writestr(info, data)
-    if "torch.distributed.tensor" in sys.modules:  # then torch allows DTensor and refuses later
-        pytest.skip("torch.distributed.tensor was imported by another test")
-    assert refusal(p) == "``torch.distributed.tensor`` must be imported to load DTensors"
+    # importing torch.distributed.tensor (another test may have) puts DTensor on torch's allow list:
+    # take the allow list away for this load
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        assert refusal(p) == "``torch.distributed.tensor`` must be imported to load DTensors"
+    finally:
+        torch.serialization.add_safe_globals(saved)
 
 
 def test_the_refusal_reason_in_the_messages_of_older_torch():
