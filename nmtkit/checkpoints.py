@@ -100,18 +100,34 @@ def remove_leftovers(save_dir: str | os.PathLike) -> list[Path]:
 
 
 def _unpickling_reason(e: Exception) -> str:
-    """What the weights-only unpickler refused, without torch's advice to load unsafely."""
+    """What the weights-only unpickler refused, without torch's advice to load unsafely.
+
+    torch wraps the unpickler's own message in advice that changed between versions: the refused
+    global is named (`Unsupported global: GLOBAL x`, `unsupported GLOBAL x whose module is blocked`,
+    older torch's `Unsupported class x`), other refusals follow `WeightsUnpickler error:`, and a few
+    (torch 2.13's "... must be imported to load DTensors") only follow `Weights only load failed.`.
+    """
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
-    m = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL)\s+([\w.]+)", text)
+    m = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL|Unsupported class)\s+([\w.]+)", text)
     if m:
         return f"it holds a pickled Python object, {m.group(1)}"
     m = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
-    lines = [m.group(1)] if m else [ln.strip() for ln in text.splitlines()]
-    for line in lines:
-        line = re.split(r"\s*(?:Please use|Re-running|This file can still be loaded)", line)[0].strip()
-        if line and "weights_only" not in line and not line.startswith("Weights only load failed"):
+    for line in [m.group(1)] if m else text.splitlines():
+        line = re.split(r"\s*(?:Please use|Re-running|This file can still be loaded)", line)[0]
+        line = re.sub(r"^\s*Weights only load failed\.", "", line).strip()
+        if line and "weights_only" not in line:
             return line
     return type(e).__name__
+
+
+def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
+    """torch.load with weights_only=True; an old-format (non-zip) file, which cannot be mapped, is read."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except RuntimeError as e:
+        if not mmap or "mmap" not in str(e):
+            raise
+        return torch.load(path, map_location=map_location, weights_only=True)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
@@ -128,13 +144,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if path.is_dir():
         raise UserError(f"expected a checkpoint file but got a directory: {path}")
     try:
-        try:
-            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-        except RuntimeError as e:
-            if not mmap or "mmap" not in str(e):
-                raise
-            # an old-format (non-zip) file cannot be mapped: read it
-            state = torch.load(path, map_location=map_location, weights_only=True)
+        state = _torch_load(path, map_location, mmap)
     except pickle.UnpicklingError as e:
         raise UserError(f"{path}: not a safe nmtkit checkpoint (refused by the weights-only loader: "
                         f"{_unpickling_reason(e)})") from None
@@ -165,7 +175,9 @@ def _check_weights_structure(weights: Any, key: str, path: Path) -> None:
     if not isinstance(weights, dict):
         raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' is {_kind(weights)}, expected a dict of tensors")
     for name, t in weights.items():
-        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+        if not isinstance(name, str):  # (names the key: "entry 3 is a Tensor, expected a tensor" would puzzle)
+            raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' has a non-string key {name!r}")
+        if not isinstance(t, torch.Tensor):
             raise UserError(f"{path}: malformed nmtkit checkpoint: '{key}' entry {name!r} is {_kind(t)}, "
                             "expected a tensor")
         if t.layout != torch.strided:
@@ -522,7 +534,7 @@ def is_training_checkpoint(path: str | os.PathLike) -> bool:
     Reads the file memory-mapped: only the pickled layout is parsed, no tensor data is read.
     """
     try:
-        state = torch.load(path, map_location="meta", weights_only=True, mmap=True)
+        state = _torch_load(Path(path), "meta", mmap=True)
     except Exception:  # noqa: BLE001 - not a (readable) checkpoint: not a training one either
         return False
     return isinstance(state, dict) and MAGIC in state and isinstance(state.get("train"), dict)

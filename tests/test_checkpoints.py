@@ -555,3 +555,290 @@ def test_save_without_hard_links_copies_each_name_atomically(tmp_path, monkeypat
     ck.save_checkpoint(make_state([3.0], [1.0], update=9), last, links=[best])
     assert not os.path.samefile(last, best) and best.read_bytes() == last.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_best.pt", "checkpoint_last.pt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# loadable but malformed checkpoints: one line naming the file and the entry
+
+
+def layout_state(**change):
+    """A well-formed state (every optional entry present) with `change` applied."""
+    state = {**make_state([1.0, 2.0], [0.5], ema={"w": torch.zeros(2), "b": torch.zeros(1), "steps": torch.tensor(3)}),
+             "best": {"metric": "loss", "value": 1.5}, "averaged_from": ["a.pt", "b.pt"]}
+    return {**state, **change}
+
+
+def test_every_layout_refusal_names_the_file_and_the_entry(tmp_path):
+    path = tmp_path / "crafted.pt"
+    expand = torch.zeros(1).expand(4)  # 4 float32 elements over one stored float: 16 bytes claimed, 4 stored
+    cases = [
+        ({"arch": None}, "'arch' is a NoneType, expected a string"),
+        ({"arch": 3}, "'arch' is an int, expected a string"),
+        ({"arch": b"tiny"}, "'arch' is a bytes, expected a string"),
+        ({"arch_config": None}, "'arch_config' is a NoneType, expected a dict of architecture settings"),
+        ({"arch_config": ["d_model"]}, "'arch_config' is a list, expected a dict of architecture settings"),
+        ({"arch_config": {"d_model": 4, 7: 1, 8: 2}}, "'arch_config' has a non-string key 7"),
+        ({"model": (1, 2)}, "'model' is a tuple, expected a dict of tensors"),
+        ({"model": {"w": 1.5}}, "'model' entry 'w' is a float, expected a tensor"),
+        ({"model": {"w": torch.zeros(1), 3: torch.zeros(1)}}, "'model' has a non-string key 3"),
+        ({"model": {"w": torch.eye(2).to_sparse()}}, "'model' entry w is a torch.sparse_coo tensor, expected a dense one"),
+        ({"model": {"w": expand}}, "'model' entry w has shape (4,) but stores only 4 bytes"),
+        ({"ema": "weights"}, "'ema' is a str, expected a dict of tensors"),
+        ({"ema": {"w": [0.0]}}, "'ema' entry 'w' is a list, expected a tensor"),
+        ({"dictionaries": ["a"]}, "'dictionaries' is a list, expected a dict"),
+        ({"update": "7"}, "'update' is a str, expected an integer"),
+        ({"update": True}, "'update' is a bool, expected an integer"),
+        ({"epoch": 1.0}, "'epoch' is a float, expected an integer"),
+        ({"train": [1]}, "'train' is a list, expected a dict of training state"),
+        ({"best": 1.5}, "'best' is a float, expected a dict"),
+        ({"train_args": "--lr 1"}, "'train_args' is a str, expected a dict"),
+        ({"averaged_from": "a.pt"}, "'averaged_from' is a str, expected a list of file names"),
+        ({"averaged_from": {"a.pt": 1}}, "'averaged_from' is a dict, expected a list of file names"),
+        # the weights-only loader also builds OrderedDicts (state_dicts are ones): any mapping is "a dict"
+        ({"averaged_from": __import__("collections").OrderedDict(a=1)},
+         "'averaged_from' is a dict, expected a list of file names"),
+    ]
+    for change, message in cases:
+        with pytest.raises(UserError) as e:
+            ck.check_structure(layout_state(**change), str(path))
+        assert str(e.value) == f"{path}: malformed nmtkit checkpoint: {message}", change
+
+
+def test_layout_accepts_what_nmtkit_writes_and_absent_optional_entries(tmp_path):
+    ck.check_structure(layout_state(), tmp_path / "c.pt")  # every entry present and well-formed
+    # optional entries may be None or absent; a slice of a larger storage is fine (it stores more than it shows)
+    nones = dict.fromkeys(("ema", "dictionaries", "update", "epoch", "train", "best", "train_args", "averaged_from"))
+    ck.check_structure(layout_state(**nones, model={"w": torch.arange(6.0)[2:4]}), tmp_path / "c.pt")
+    ck.check_structure({"arch": "a", "arch_config": {}, "model": {}}, tmp_path / "c.pt")
+
+
+def test_a_crafted_file_is_refused_by_the_loader_with_the_same_line(tmp_path):
+    p = tmp_path / "c.pt"
+    torch.save({ck.MAGIC: 1, **layout_state(model={"w": torch.zeros(1).expand(3, 2)})}, p)
+    assert p.stat().st_size < 4096
+    with pytest.raises(UserError) as e:
+        ck.load_checkpoint(p)
+    assert str(e.value) == f"{p}: malformed nmtkit checkpoint: 'model' entry w has shape (3, 2) but stores only 4 bytes"
+
+
+def training_part(**change):
+    """The `train` part of a checkpoint as training writes it (optimizer, data position, rng list...)."""
+    tr = {"optimizer": {"state": {}, "param_groups": []}, "data_position": {"epoch": 1, "batch_offset": 0},
+          "rng": [{"torch": torch.zeros(2, dtype=torch.uint8)}], "state": {"update": 0},
+          "scheduler": {"lr": 1.0}, "scaler": {"scale": 2.0}}
+    tr.update(change)
+    return {k: v for k, v in tr.items() if v is not ...}  # `...` removes an entry
+
+
+def test_check_training_state_refusals_are_exact(tmp_path):
+    where = tmp_path / "checkpoint_last.pt"
+    ck.check_training_state({"train": training_part()}, where)
+    ck.check_training_state({"train": training_part(rng=..., state=..., scheduler=..., scaler=...)}, where)
+    ck.check_training_state({"train": training_part(data_position={"epoch": 7, "batch_offset": 12})}, where)
+    cases = [
+        ({"optimizer": ...}, "'train.optimizer' is absent, expected a dict"),
+        ({"optimizer": [1, 2]}, "'train.optimizer' is a list, expected a dict"),
+        ({"optimizer": None}, "'train.optimizer' is a NoneType, expected a dict"),
+        ({"data_position": ...}, "'train.data_position' is absent, expected a dict"),
+        ({"data_position": 3}, "'train.data_position' is an int, expected a dict"),
+        ({"data_position": {"epoch": 0, "batch_offset": 0}}, "'train.data_position.epoch' is 0"),
+        ({"data_position": {"epoch": True, "batch_offset": 0}}, "'train.data_position.epoch' is True"),
+        ({"data_position": {"epoch": "1", "batch_offset": 0}}, "'train.data_position.epoch' is '1'"),
+        ({"data_position": {"batch_offset": 0}}, "'train.data_position.epoch' is None"),
+        ({"data_position": {"epoch": 1, "batch_offset": -1}}, "'train.data_position.batch_offset' is -1"),
+        ({"data_position": {"epoch": 2, "batch_offset": 1.0}}, "'train.data_position.batch_offset' is 1.0"),
+        ({"data_position": {"epoch": 2}}, "'train.data_position.batch_offset' is None"),
+        ({"rng": {"torch": 1}}, "'train.rng' is a dict"),
+        ({"state": [0]}, "'train.state' is a list"),
+        ({"scheduler": 1.0}, "'train.scheduler' is a float"),
+        ({"scaler": "x"}, "'train.scaler' is a str"),
+    ]
+    for change, message in cases:
+        with pytest.raises(UserError) as e:
+            ck.check_training_state({"arch": "a", "train": training_part(**change)}, where)
+        assert str(e.value) == f"{where}: malformed nmtkit checkpoint: {message}", change
+
+
+# ---------------------------------------------------------------------------------------------
+# loading: memory maps, old-format files, what the weights-only loader refuses
+
+
+def mapped_files() -> str:
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="needs Linux's /proc/self/maps")
+def test_mmap_maps_the_file_and_the_default_reads_it(tmp_path):
+    p = write(tmp_path, "mapped_checkpoint.pt", make_state(torch.arange(4.0), [1.0]))
+    state = ck.load_checkpoint(p, mmap=True)
+    assert str(p) in mapped_files() and state["model"]["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    del state
+    state = ck.load_checkpoint(p)
+    assert str(p) not in mapped_files() and state["model"]["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_an_old_format_file_is_read_when_mapping_was_asked(tmp_path, monkeypatch, capsys):
+    p = tmp_path / "old.pt"
+    torch.save({ck.MAGIC: 1, **make_state([1.0, 2.0], [3.0])}, p, _use_new_zipfile_serialization=False)
+    for mmap in (True, False):
+        assert ck.load_checkpoint(p, mmap=mmap)["model"]["w"].tolist() == [1.0, 2.0]
+    assert ck.load_checkpoint(p, map_location="meta", mmap=True)["model"]["w"].device.type == "meta"
+    assert ck.is_training_checkpoint(p)  # it holds `train`: never an --output of average-checkpoints
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({ck.MAGIC: 1, "train": {}, "x": Evil()}, p, _use_new_zipfile_serialization=False)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # torch's default becomes unsafe
+    with pytest.raises(UserError) as e:
+        ck.load_checkpoint(p, mmap=True)
+    assert str(e.value).startswith(f"{p}: not a safe nmtkit checkpoint")
+    assert not ck.is_training_checkpoint(p)
+    assert "pwned" not in capsys.readouterr().out
+
+
+def test_only_the_mmap_refusal_is_retried_without_mmap(tmp_path, monkeypatch):
+    p = write(tmp_path, "c.pt", make_state([1.0], [1.0]))
+    calls = []
+
+    def load(*a, **k):  # a read error under mmap that is not about mmap; a second try would succeed
+        calls.append(k.get("mmap"))
+        if len(calls) == 1:
+            raise RuntimeError("PytorchStreamReader failed reading file data/0: invalid header")
+        return {ck.MAGIC: 1, "arch": "a", "arch_config": {}, "model": {}}
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(UserError) as e:
+        ck.load_checkpoint(p, mmap=True)
+    assert str(e.value) == (f"{p}: cannot read checkpoint (corrupt or truncated file?): "
+                            "PytorchStreamReader failed reading file data/0: invalid header")
+    assert calls == [True]
+
+
+def test_is_training_checkpoint_by_hand_built_files(tmp_path, monkeypatch, capsys):
+    import torch.serialization as ser
+
+    p = tmp_path / "c.pt"
+    for state, expect in (({ck.MAGIC: 1, "train": {"optimizer": {}}}, True),
+                          ({ck.MAGIC: 1, "train": None}, False), ({ck.MAGIC: 1, "train": [1]}, False),
+                          ({ck.MAGIC: 1, "model": {}}, False), ({"train": {}}, False), ([ck.MAGIC, {"train": {}}], False)):
+        torch.save(state, p)
+        assert ck.is_training_checkpoint(p) is expect, state
+    p.write_bytes(b"not a checkpoint")
+    assert ck.is_training_checkpoint(p) is False
+    assert ck.is_training_checkpoint(tmp_path / "absent.pt") is False
+    # written on a GPU, looked at on a machine without CUDA: the tensors are never placed anywhere
+    monkeypatch.setattr(ser, "location_tag", lambda storage: "cuda:0")
+    torch.save({ck.MAGIC: 1, "train": {"optimizer": {}}, "model": {"w": torch.ones(3)}}, p)
+    monkeypatch.undo()
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(p, weights_only=True, mmap=True)  # what a load that maps tensors to their device does
+    assert ck.is_training_checkpoint(p) is True
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({ck.MAGIC: 1, "train": {}, "x": Evil()}, p)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    assert ck.is_training_checkpoint(p) is False
+    assert "pwned" not in capsys.readouterr().out
+
+
+def test_output_names_that_training_writes_are_refused_without_a_file(tmp_path):
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_1_20.pt", "checkpoint4.pt"):
+        with pytest.raises(UserError) as e:
+            ck.check_output_not_training(tmp_path / name)
+        assert str(e.value) == (f"--output {tmp_path / name}: {name} is a name that nmtkit train writes; "
+                                "choose another (e.g. checkpoint_avg5.pt)")
+    for name in ("checkpoint_avg5.pt", "checkpoint_last.pt.bak", "my_checkpoint_best.pt"):
+        ck.check_output_not_training(tmp_path / name)
+
+
+def test_remove_leftovers_tolerates_a_file_that_vanishes_meanwhile(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    names = [".checkpoint_last.pt.aaaa.tmp", ".checkpoint_best.pt.bbbb.tmp", ".checkpoint3.pt.cccc.tmp"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+    real_unlink = Path.unlink
+
+    def unlink(self, *a, **k):
+        if self.name == names[1]:
+            real_unlink(self)  # another process removed it between the listing and this call
+        return real_unlink(self, *a, **k)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    removed = ck.remove_leftovers(tmp_path)
+    assert [p.name for p in removed] == sorted([names[0], names[2]])
+    assert list(tmp_path.iterdir()) == []
+
+
+def refusal(p) -> str:
+    with pytest.raises(UserError) as e:
+        ck.load_checkpoint(p)
+    prefix = f"{p}: not a safe nmtkit checkpoint (refused by the weights-only loader: "
+    assert str(e.value).startswith(prefix) and str(e.value).endswith(")"), str(e.value)
+    return str(e.value)[len(prefix):-1]
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")
+def test_the_refusal_reason_is_what_torch_refused_without_its_advice(tmp_path):
+    import os
+    import zipfile
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    p = tmp_path / "c.pt"
+    # a global outside torch's allow list, and one from a blocked module
+    for obj, reason in ((Evil(), "it holds a pickled Python object, print"),
+                        (os.system, "it holds a pickled Python object, posix.system")):
+        torch.save({ck.MAGIC: 1, "x": obj}, p)
+        assert refusal(p) == reason
+    # an opcode the weights-only unpickler does not implement (protocol 4's FRAME, 0x95)
+    torch.save({ck.MAGIC: 1, "x": "y"}, p, pickle_protocol=4)
+    assert refusal(p) == "Unsupported operand 149"
+    # a global that torch names only after "Weights only load failed." (no "WeightsUnpickler error:")
+    torch.save({ck.MAGIC: 1, "x": os.system}, tmp_path / "s.pt")
+    with zipfile.ZipFile(tmp_path / "s.pt") as src, zipfile.ZipFile(p, "w") as out:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("data.pkl"):
+                data = data.replace(b"posix\nsystem\n", b"torch.distributed.tensor\nDTensor\n")
+            out.writestr(info, data)
+    # importing torch.distributed.tensor (another test may have) puts DTensor on torch's allow list:
+    # take the allow list away for this load
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        assert refusal(p) == "``torch.distributed.tensor`` must be imported to load DTensors"
+    finally:
+        torch.serialization.add_safe_globals(saved)
+
+
+def test_the_refusal_reason_in_the_messages_of_older_torch():
+    import pickle
+
+    # torch 2.4/2.5 (as printed in a user's traceback): the reason on the line of torch's advice
+    old = ("Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely succeed, "
+           "but it can result in arbitrary code execution. Do it only if you got the file from a trusted source.\n "
+           "Please file an issue with the following so that we can make `weights_only=True` compatible with your "
+           "use case: WeightsUnpickler error: Unsupported operand 118\n\nCheck the documentation of torch.load to "
+           "learn more about types accepted by default with weights_only "
+           "https://pytorch.org/docs/stable/generated/torch.load.html.")
+    assert ck._unpickling_reason(pickle.UnpicklingError(old)) == "Unsupported operand 118"
+    # older torch (1.13's UNSAFE_MESSAGE, as its source writes it): all on one line, a refused class
+    # named "Unsupported class"
+    older = ("Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely "
+             "succeed, but it can result in arbitrary code execution.Do it only if you get the file from a trusted "
+             "source. WeightsUnpickler error: ")
+    assert ck._unpickling_reason(pickle.UnpicklingError(older + "Unsupported class TTS.tts.configs.XttsConfig")) \
+        == "it holds a pickled Python object, TTS.tts.configs.XttsConfig"
+    assert ck._unpickling_reason(pickle.UnpicklingError(older + "Unsupported operand 118")) == "Unsupported operand 118"
+    # nothing but advice: the exception's name
+    assert ck._unpickling_reason(pickle.UnpicklingError("Weights only load failed. " + older)) == "UnpicklingError"
