@@ -26,45 +26,10 @@ def refused(make, message: str, kind: type = UserError) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the search (generate, serve, attention, train's --eval-bleu)
+# the search (generate, serve, attention, train's --eval-bleu): SearchConfig's own refusals and
+# accepted limits are in tests/test_search_rules.py (also run by the cli-refusals mutation module)
 
 TOO_SMALL = "magnitudes from 1.2e-38 to 3.4e+38"
-
-
-@pytest.mark.parametrize("bad,message", [
-    ({"beam": 0}, "--beam must be >= 1, got 0"),
-    ({"nbest": 0}, "--nbest must be >= 1, got 0"),
-    ({"nbest": 5}, "--nbest 5 exceeds the --beam 4; raise --beam"),
-    ({"nbest": 3, "beam": 2, "sampling": True}, "--nbest 3 exceeds the samples (--beam) drawn with --sampling 2; raise --beam"),
-    ({"lenpen_form": "t2t"}, "--lenpen-form must be gnmt or fairseq, got 't2t'"),
-    ({"early_stop": "never"}, "--early-stop must be bound, beam or none, got 'never'"),
-    ({"max_len_a": -0.5}, "--max-len-a and --max-len-b must be >= 0, got -0.5 and 50"),
-    ({"max_len_b": -1}, "--max-len-a and --max-len-b must be >= 0, got 1.0 and -1"),
-    ({"min_len": -1}, "--min-len must be >= 0, got -1"),
-    ({"no_repeat_ngram_size": -1}, "--no-repeat-ngram-size must be >= 0, got -1"),
-    ({"topk": -1}, "--topk must be >= 0 (0 = off), got -1"),
-    ({"topp": -0.1}, "--topp must be in [0, 1] (0 = off), got -0.1"),
-    ({"topp": 1.01}, "--topp must be in [0, 1] (0 = off), got 1.01"),
-    ({"temperature": 0.0}, "--temperature must be > 0, got 0.0"),
-    ({"temperature": -1.0}, "--temperature must be > 0, got -1.0"),
-    ({"lenpen": 10.5}, "--lenpen must be between -10 and 10 (the paper: 0.6; larger values overflow the length "
-                       "penalty), got 10.5"),
-    ({"lenpen": -10.01}, "--lenpen must be between -10 and 10 (the paper: 0.6; larger values overflow the length "
-                         "penalty), got -10.01"),
-    ({"unk_penalty": float("nan")}, "--unk-penalty must be a finite number, got nan"),
-])
-def test_search_config_refusals(bad, message):
-    refused(lambda: SearchConfig(**bad), message, SettingError)
-
-
-def test_search_config_boundaries_are_accepted():
-    """The limits themselves are allowed (each check's comparison is strict where it should be)."""
-    for ok in ({"beam": 1}, {"nbest": 4}, {"nbest": 2, "beam": 2, "sampling": True}, {"max_len_a": 0.0, "max_len_b": 0},
-               {"min_len": 0}, {"no_repeat_ngram_size": 0}, {"topk": 0}, {"topp": 0.0}, {"topp": 1.0},
-               {"temperature": 1e-3}, {"lenpen": 10.0}, {"lenpen": -10.0}, {"lenpen_form": "fairseq"},
-               {"early_stop": "none"}, {"early_stop": "beam"}):
-        cfg = SearchConfig(**ok)
-        assert all(getattr(cfg, k) == v for k, v in ok.items())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,7 +60,11 @@ def src_batch(rows):
                        "the length penalty), got 10.5"),
     ({"lenpen": -11.0}, "--lenpen must be between -10 and 10 (the paper: 0.6; larger values overflow "
                         "the length penalty), got -11.0"),
+    ({"lenpen": -10.01}, "--lenpen must be between -10 and 10 (the paper: 0.6; larger values overflow "
+                         "the length penalty), got -10.01"),
+    ({"topp": 1.01}, "--topp must be in [0, 1] (0 = off), got 1.01"),
     ({"lenpen": math.nan}, "--lenpen must be a finite number, got nan"),
+    ({"unk_penalty": math.nan}, "--unk-penalty must be a finite number, got nan"),
     ({"temperature": math.inf}, "--temperature must be a finite number, got inf"),
 ])
 def test_config_refusals_name_the_flag(kwargs, message):
