@@ -8,7 +8,6 @@ so it is asserted in full: which flag, which value, what to do.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 from pathlib import Path
 

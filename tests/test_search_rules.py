@@ -18,7 +18,7 @@ import torch
 
 from nmtkit.errors import UserError
 from nmtkit.generation.search import (
-    BOS, EOS, PAD, UNK, SearchConfig, _apply_rules, _ban_repeated_ngrams, _filter_for_sampling,
+    EOS, PAD, UNK, SearchConfig, _apply_rules, _ban_repeated_ngrams, _filter_for_sampling,
     check_lenpen, length_penalty, max_lengths, search,
 )
 from nmtkit.settings import SettingError
