@@ -24,15 +24,15 @@
 #   --smoke     CI-sized run of the same pipeline: the quickstart's --smoke model, 300 news pairs,
 #               30 updates, on CPU, 100 held-out news lines and 200 flickr lines.
 # Environment (each setting below can be overridden):
-#   QUICKSTART_WORK  the quickstart's work directory (default: its own, ./work/multi30k_de_en,
-#                    or ./work/multi30k_de_en_smoke with --smoke)
+#   QUICKSTART_WORK  the quickstart's work directory (default: its own, ./runs/multi30k_de_en,
+#                    or ./runs/multi30k_de_en_smoke with --smoke)
 #   BASE_MODEL, BASE_DATA, FLICKR_REF  the model to fine-tune, its data directory and the
 #                    test_2016_flickr English reference (default: the quickstart's files in
 #                    QUICKSTART_WORK: checkpoints/average_lastN.pt, data, raw/test_2016_flickr.en.gz)
 #   WMT14_DIR        folder with newstest2013.{de,en}.gz and newstest2014-ende.{de,en}.gz
 #                    (default: $NMTKIT_SHARED/data/wmt14, NMTKIT_SHARED=../shared)
 #   DOWNLOAD_DIR     where the statmt.org archives go when WMT14_DIR lacks the files
-#   NMTKIT_WORK      this recipe's work directory (default: ./work/finetune_news_de_en[_smoke])
+#   NMTKIT_WORK      this recipe's work directory (default: ./runs/finetune_news_de_en[_smoke])
 #   STAGE=name / LAST_STAGE=name  start from / stop after a stage
 #   LR, WARMUP, MAX_UPDATE, MAX_TOKENS, DROPOUT, PATIENCE, SEED, BEAM, LENPEN, DEVICE, THREADS
 set -euo pipefail
@@ -51,15 +51,15 @@ done
 s() { if [ "$SMOKE" = 1 ]; then echo "$1"; else echo "$2"; fi; }   # s SMOKE_VALUE FULL_VALUE
 
 # ---------------------------------------------------------------- settings -------------------
-WORK=${NMTKIT_WORK:-$ROOT/work/finetune_news_de_en$(s _smoke "")}
-QUICKSTART_WORK=${QUICKSTART_WORK:-$ROOT/work/multi30k_de_en$(s _smoke "")}
+WORK=${NMTKIT_WORK:-$ROOT/runs/finetune_news_de_en$(s _smoke "")}
+QUICKSTART_WORK=${QUICKSTART_WORK:-$ROOT/runs/multi30k_de_en$(s _smoke "")}
 QS_AVG_N=$(s 2 5)   # the quickstart's number of averaged checkpoints (its AVG_N default)
 BASE_MODEL=${BASE_MODEL:-$QUICKSTART_WORK/checkpoints/average_last$QS_AVG_N.pt}
 BASE_DATA=${BASE_DATA:-$QUICKSTART_WORK/data}
 FLICKR_REF=${FLICKR_REF:-$QUICKSTART_WORK/raw/test_2016_flickr.en.gz}
 NMTKIT_SHARED=${NMTKIT_SHARED:-$ROOT/../shared}
 WMT14_DIR=${WMT14_DIR:-$NMTKIT_SHARED/data/wmt14}
-DOWNLOAD_DIR=${DOWNLOAD_DIR:-$ROOT/work/wmt14_download}   # shared with the wmt14 recipes
+DOWNLOAD_DIR=${DOWNLOAD_DIR:-$ROOT/runs/wmt14_download}   # shared with the wmt14 recipes
 # statmt.org archives and md5 sums (as in recipes/wmt14_en_de/run.sh)
 DEV_URL="https://statmt.org/wmt14/dev.tgz ${DEV_MD5:-88ba3fc60b2278d59277122e1c7dd6e7}"
 TEST_URL="https://statmt.org/wmt14/test-full.tgz ${TEST_MD5:-a8cd784e006feb32ac6f3d9ec7eb389a}"

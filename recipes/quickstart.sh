@@ -20,7 +20,7 @@
 #   NMTKIT_DATA   folder holding train.{de,en}.gz, val.{de,en}.gz, test_2016_flickr.{de,en}.gz
 #   NMTKIT_CACHE  where downloads go (default: ${XDG_CACHE_HOME:-~/.cache}/nmtkit/multi30k)
 #   NMTKIT_MULTI30K_URL  download location (default: the GitHub multi30k/dataset task1/raw folder)
-#   NMTKIT_WORK   work directory (default: ./work/multi30k_de_en, or ./work/multi30k_de_en_smoke)
+#   NMTKIT_WORK   work directory (default: ./runs/multi30k_de_en, or ./runs/multi30k_de_en_smoke)
 #   STAGE=name    start from this stage (it and every later stage run); LAST_STAGE=name stops after it
 #   MAX_UPDATE, MAX_TIME, LR, WARMUP, MAX_TOKENS, DROPOUT, SAVE_INTERVAL_UPDATES, AVG_N, BEAM,
 #   LENPEN, DEVICE (auto|cpu|cuda), THREADS, WORKERS: see the settings block; docs/quickstart.md
@@ -42,7 +42,7 @@ s() { if [ "$SMOKE" = 1 ]; then echo "$1"; else echo "$2"; fi; }   # s SMOKE_VAL
 # ---------------------------------------------------------------- settings -------------------
 MULTI30K_URL=${NMTKIT_MULTI30K_URL:-https://github.com/multi30k/dataset/raw/master/data/task1/raw}
 MULTI30K_FILES="train.de.gz train.en.gz val.de.gz val.en.gz test_2016_flickr.de.gz test_2016_flickr.en.gz"
-WORK=${NMTKIT_WORK:-$ROOT/work/multi30k_de_en$(s _smoke "")}
+WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_de_en$(s _smoke "")}
 SMOKE_TRAIN_LINES=2000
 VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 8000)}
 WORKERS=${WORKERS:-1}

@@ -2,7 +2,7 @@
 stage (preprocess, train, average, generate, score) on tiny data and print score lines; the WMT14
 data stages turn statmt.org-style archives into the expected plain text; stage stamps make re-runs
 skip finished work. These are the commands a user types, run as subprocesses in temporary work
-directories (the repository's own work/ is never touched)."""
+directories (the repository's own runs/ is never touched)."""
 
 from __future__ import annotations
 

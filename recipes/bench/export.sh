@@ -2,7 +2,7 @@
 # Benchmark CTranslate2 exports (float32, int8) against native `nmtkit generate` on Multi30k
 # test_2016_flickr (1,000 sentences, de->en, raw text), beam 4, fairseq length penalty 0.6, CPU.
 #
-#   CKPT=work/multi30k_de_en/checkpoints/average_last5.pt DATA=work/multi30k_de_en/data \
+#   CKPT=runs/multi30k_de_en/checkpoints/average_last5.pt DATA=runs/multi30k_de_en/data \
 #       bash recipes/bench/export.sh
 #
 # Exports CKPT twice (float32, int8) into $BENCH_DIR, then runs every configuration (runtime x
@@ -14,7 +14,7 @@
 #   CKPT=FILE  DATA=DIR    the quickstart's averaged checkpoint and its data directory (required)
 #   NMTKIT_DATA=DIR        Multi30k folder with test_2016_flickr.{de,en}(.gz) (default: ../shared/data/multi30k)
 #   BATCH_SIZES=1,128  THREADS=1,2  RUNS=2  BEAM=4  LENPEN=0.6
-#   BENCH_DIR=DIR          scratch folder (default: ./work/bench_export)
+#   BENCH_DIR=DIR          scratch folder (default: ./runs/bench_export)
 #   OMP_WAIT_POLICY=PASSIVE  set it when the machine is busy (docs/generate.md, Speed)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -30,5 +30,5 @@ src=$m30k/test_2016_flickr.de
 ref=$m30k/test_2016_flickr.en
 [ -f "$ref" ] || ref=$ref.gz
 python recipes/bench/export_bench.py --data "$DATA" --ckpt "$CKPT" --src "$src" --ref "$ref" \
-    --work "${BENCH_DIR:-$(pwd)/work/bench_export}" --batch-sizes "${BATCH_SIZES:-1,128}" \
+    --work "${BENCH_DIR:-$(pwd)/runs/bench_export}" --batch-sizes "${BATCH_SIZES:-1,128}" \
     --threads "${THREADS:-1,2}" --runs "${RUNS:-2}" --beam "${BEAM:-4}" --lenpen "${LENPEN:-0.6}"

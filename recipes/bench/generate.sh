@@ -23,7 +23,7 @@
 #   SYSTEMS=nmtkit,nmtkit-int8,ct2,ct2-int8   add "baseline" with BASELINE=DIR (another nmtkit
 #                      checkout, e.g. a worktree of an older commit: its fp32, for before/after)
 #   EXTRA="..."        more `nmtkit generate` flags
-#   BENCH_DIR=DIR      scratch folder (default: ./work/bench_generate)
+#   BENCH_DIR=DIR      scratch folder (default: ./runs/bench_generate)
 #   OMP_WAIT_POLICY=PASSIVE  set it when the machine is busy with other work: OpenMP's default
 #                      spinning then makes THREADS=2 many times slower (docs/generate.md, Speed)
 set -euo pipefail
@@ -34,7 +34,7 @@ if [ -z "${CKPT:-}" ]; then
     echo "[bench] set CKPT=path/to/checkpoint.pt (a model trained on Multi30k de-en, e.g. the quickstart's)" >&2
     exit 2
 fi
-bench=${BENCH_DIR:-$(pwd)/work/bench_generate}
+bench=${BENCH_DIR:-$(pwd)/runs/bench_generate}
 m30k=${NMTKIT_DATA:-$(pwd)/../shared/data/multi30k}
 mkdir -p "$bench"
 if [ -z "${DATA:-}" ]; then

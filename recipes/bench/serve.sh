@@ -18,7 +18,7 @@
 #   SEARCH_FLAGS="..." nmtkit serve search flags for both servers (default: generate's defaults)
 #   BATCH_FLAGS="..."  the batching server's own flags (default: --max-batch-sentences 64
 #                      --max-wait-ms 5, the command's defaults)
-#   BENCH_DIR=DIR      where results.json goes (default: ./work/bench_serve)
+#   BENCH_DIR=DIR      where results.json goes (default: ./runs/bench_serve)
 #   OMP_WAIT_POLICY=PASSIVE  set it when the machine is busy with other work (docs/generate.md, Speed)
 #
 # Needs the serve extra (pip install 'nmtkit[serve]'); the clients use the standard library.
@@ -36,4 +36,4 @@ input=${INPUT:-$(pwd)/../shared/data/multi30k/test_2016_flickr.de.gz}
 python recipes/bench/serve_bench.py --data "$DATA" --ckpt "$CKPT" --input "$input" \
     --count "${COUNT:-200}" --clients "${CLIENTS:-1,8,32}" --runs "${RUNS:-3}" --threads "${THREADS:-2}" \
     --max-seconds "${MAX_SECONDS:-300}" --search-flags "${SEARCH_FLAGS:-}" --batch-flags "${BATCH_FLAGS:-}" \
-    --work "${BENCH_DIR:-$(pwd)/work/bench_serve}"
+    --work "${BENCH_DIR:-$(pwd)/runs/bench_serve}"

@@ -38,7 +38,7 @@ SILVER=${SILVER:-}                  # optional silver trees: the semi-supervised
 NMTKIT_SHARED=${NMTKIT_SHARED:-$ROOT/../shared}
 SMOKE_TREEBANK=$NMTKIT_SHARED/data/ptb/treebank.zip   # NLTK's 10% sample (wsj_0001-0199)
 SETTING=$(if [ -n "$SILVER" ]; then echo semi; else echo wsj; fi)
-WORK=${WORK:-$ROOT/work/ptb_$SETTING$(m _smoke _sample "")}   # everything the recipe writes
+WORK=${WORK:-$ROOT/runs/ptb_$SETTING$(m _smoke _sample "")}   # everything the recipe writes
 
 # Data: the standard split (SMOKE, SAMPLE: the sample split by document, wsj_0001-0179 /
 # 0180-0189 / 0190-0199); trees normalized as EVALB expects (docs/parsing.md); the target keeps the

@@ -22,8 +22,8 @@ SMOKE=${SMOKE:-0}                   # 1: CPU smoke run on slices of ../shared/da
 m() { if [ "$MODEL" = big ]; then echo "$2"; else echo "$1"; fi; }   # m BASE_VALUE BIG_VALUE
 s() { if [ "$SMOKE" = 1 ]; then echo "$1"; else echo "$2"; fi; }     # s SMOKE_VALUE FULL_VALUE
 PAIR_NAME=wmt14_en_de SRC=en TGT=de
-WORK=${WORK:-$ROOT/work/$PAIR_NAME$(s _smoke "")}      # everything the recipe writes
-DOWNLOAD_DIR=${DOWNLOAD_DIR:-$ROOT/work/wmt14_download} # archives (shared with wmt14_en_fr)
+WORK=${WORK:-$ROOT/runs/$PAIR_NAME$(s _smoke "")}      # everything the recipe writes
+DOWNLOAD_DIR=${DOWNLOAD_DIR:-$ROOT/runs/wmt14_download} # archives (shared with wmt14_en_fr)
 NMTKIT_SHARED=${NMTKIT_SHARED:-$ROOT/../shared}
 SHARED_WMT14=$NMTKIT_SHARED/data/wmt14                 # SMOKE=1 reads its test sets from here
 
