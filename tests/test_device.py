@@ -36,3 +36,78 @@ def test_cuda_follows_local_rank_and_explicit_index_wins():
     assert resolve_device("cuda:0", local_rank=n - 1) == torch.device("cuda", 0)
     with pytest.raises(UserError, match=f"LOCAL_RANK {n}: only {n} CUDA"):
         resolve_device("cuda", local_rank=n)
+
+
+# ---- keep_freed_cpu_memory: glibc malloc keeps freed blocks for the next decoding step ----------
+
+_REUSE = """
+import ctypes, sys, torch
+from nmtkit.device import keep_freed_cpu_memory
+tuned = keep_freed_cpu_memory() if sys.argv[1] == "tune" else False
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena ordblks smblks hblks hblkhd usmblks fsmblks "
+                                               "uordblks fordblks keepcost").split()]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Info
+before = mallinfo2().hblkhd  # bytes in blocks mapped on their own (munmapped when freed)
+a = torch.ones(4 << 20)  # a 16 MiB block (a step's logits)
+mapped = mallinfo2().hblkhd - before
+del a
+kept = mallinfo2().fordblks  # free bytes the heap keeps for the next allocations
+print(tuned, mapped >> 20, kept >> 20)
+"""
+
+
+def _glibc() -> bool:
+    import ctypes
+    import sys
+
+    try:
+        return sys.platform.startswith("linux") and bool(ctypes.CDLL(None).gnu_get_libc_version)
+    except (OSError, AttributeError):
+        return False
+
+
+def _freed_block(mode: str, env_extra: dict | None = None) -> tuple[str, int, int]:
+    """(tuned?, MiB newly mapped on their own for a 16 MiB tensor, MiB of free heap kept once it is freed)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), **(env_extra or {}))
+    out = subprocess.run([sys.executable, "-c", _REUSE, mode], env=env, capture_output=True, text=True, check=True)
+    tuned, mapped, kept = out.stdout.split()
+    return tuned, int(mapped), int(kept)
+
+
+def _has_mallinfo2() -> bool:
+    import ctypes
+
+    return _glibc() and hasattr(ctypes.CDLL(None), "mallinfo2")  # glibc >= 2.33
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="glibc's malloc only (Linux, glibc >= 2.33)")
+def test_freed_blocks_stay_in_the_heap():
+    # glibc's default maps a 16 MiB block on its own and unmaps it when freed (the next step's
+    # block then faults in fresh pages); tuned, it comes from the heap and stays there, free
+    assert _freed_block("default")[:2] == ("False", 16)
+    tuned, mapped, kept = _freed_block("tune")
+    assert (tuned, mapped) == ("True", 0) and kept >= 16
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="glibc's malloc only (Linux, glibc >= 2.33)")
+@pytest.mark.parametrize("var", ["MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD"])
+def test_a_users_allocator_settings_are_left_alone(var):
+    # (LD_PRELOAD as a user sets it for jemalloc or tcmalloc; glibc itself stands in for them)
+    value = "libc.so.6" if var == "LD_PRELOAD" else "1048576"
+    assert _freed_block("tune", {var: value})[:2] == ("False", 16)
+
+
+def test_not_on_other_platforms(monkeypatch):
+    import nmtkit.device as device
+
+    monkeypatch.setattr(device, "_allocator_tuned", False)
+    monkeypatch.setattr("sys.platform", "darwin")
+    assert device.keep_freed_cpu_memory() is False
