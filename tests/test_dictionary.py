@@ -181,3 +181,39 @@ def test_load_exact_messages(tmp_path):
     with pytest.raises(UserError) as e:
         Dictionary.load(p)
     assert str(e.value) == f"{p}:3: duplicate token 'a' (specials are implied, not listed)"
+
+
+# ---- load_dictionaries: a joined dictionary is parsed once, every file still checked ----------
+
+def _data_dir(root, joined: bool):
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+    (root / "train.de").write_text("ein hund läuft\nzwei katzen\n")
+    (root / "train.en").write_text("a dog runs\ntwo cats\n")
+    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
+                                destdir=str(root / "bin"), bpe="none", joined_dictionary=joined))
+    return root / "bin"
+
+
+@pytest.mark.parametrize("joined", [True, False])
+def test_load_dictionaries_parses_a_joined_dictionary_once(tmp_path, joined):
+    from nmtkit.data.manifest import load_dictionaries
+
+    data = _data_dir(tmp_path, joined)
+    src, tgt = load_dictionaries(data)
+    assert (src is tgt) is joined
+    assert src.sha256 == Dictionary.load(data / "dict.de.txt").sha256
+    assert tgt.sha256 == Dictionary.load(data / "dict.en.txt").sha256
+    assert ("dog" in tgt) and (("hund" in tgt) is joined)
+
+
+def test_load_dictionaries_checks_the_second_file_of_a_joined_pair(tmp_path):
+    from nmtkit.data.manifest import load_dictionaries
+
+    data = _data_dir(tmp_path, joined=True)
+    p = data / "dict.en.txt"
+    b = bytearray(p.read_bytes())
+    b[0] ^= 0x01  # same size: only the checksum can tell
+    p.write_bytes(bytes(b))
+    with pytest.raises(UserError, match=r"dict\.en\.txt: checksum mismatch with manifest\.json"):
+        load_dictionaries(data)

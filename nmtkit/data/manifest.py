@@ -74,7 +74,10 @@ def dictionary_path(data_dir: str | os.PathLike, lang: str, manifest: dict | Non
 
 
 def load_dictionaries(data_dir: str | os.PathLike, manifest: dict | None = None):
-    """(source Dictionary, target Dictionary) of a data dir, each checked against its sha256."""
+    """(source Dictionary, target Dictionary) of a data dir, each checked against its sha256.
+
+    A joined dictionary (two files with the same checked bytes, or one file) is one Dictionary,
+    returned twice."""
     from nmtkit.data.dictionary import Dictionary
 
     m = _manifest(data_dir, manifest)
@@ -83,8 +86,11 @@ def load_dictionaries(data_dir: str | os.PathLike, manifest: dict | None = None)
         p = dictionary_path(data_dir, lang, m)
         if p.name in m["files"]:  # bytes first: a flipped byte is "corrupt", not a parse error
             verify_files(data_dir, m, [p.name])
-        d = Dictionary.load(p)
         expected = m["files"].get(p.name)
+        if out and expected is not None and expected == m["files"].get(dictionary_path(data_dir, m["source_lang"], m).name):
+            out.append(out[0])  # a joined dictionary: the same bytes, parsed once (start-up)
+            continue
+        d = Dictionary.load(p)
         if expected is not None and d.sha256 != expected:
             raise UserError(f"{p}: checksum mismatch with {MANIFEST_NAME} (corrupt or modified file)")
         out.append(d)
