@@ -11,7 +11,8 @@
 # count and batch size, nmtkit fp32, nmtkit --quantize int8, CTranslate2 float32 and int8 run in
 # turn, in a rotating order, RUNS times. Prints sentences/s of the decoding alone and of the
 # process, peak RSS, sacreBLEU and identical lines per row, the ratios nmtkit / CTranslate2, and
-# the start-up time of `printf '' | nmtkit generate DATA --path CKPT --input -`. Results also go to
+# the start-up time of `printf '' | nmtkit generate DATA --path CKPT --input -`, and the speed targets
+# (docs/generate.md) each with its figure and whether it is met. Results also go to
 # $BENCH_DIR/results.json. On a shared machine, compare within a row (ratios), and report the load.
 #
 #   CKPT=FILE          the model (required): e.g. the quickstart's average_last5.pt

@@ -8,8 +8,8 @@ search: beam 4, length penalty 0.6 in the |Y|^alpha form, fairseq's stopping rul
 batch size the systems run in turn, in a rotating order, RUNS times (shared machines drift:
 compare within a row). Reported: sentences/s of the decoding alone (nmtkit's "search only",
 CTranslate2's translate_batch) and of the whole process, peak RSS of the process, sacreBLEU,
-and how many output lines equal nmtkit fp32's; then the ratios, and the start-up time on an empty
-input. Called by recipes/bench/generate.sh, which documents the variables.
+and how many output lines equal nmtkit fp32's; then the ratios, the start-up time on an empty
+input, and the speed targets of docs/generate.md, each with its figure and whether it is met. Called by recipes/bench/generate.sh, which documents the variables.
 """
 
 from __future__ import annotations
@@ -80,6 +80,47 @@ class System:
             d = json.loads(out.strip().splitlines()[-1])
             sents, toks, decode = d["sentences"], d["tokens"], d["translate_s"]
         return {"wall_s": wall, "decode_s": decode, "sentences": sents, "tokens": toks, "peak_rss_mib": rss}
+
+
+def best(by: dict, threads: int, bs: int) -> dict | None:
+    """The faster of nmtkit fp32 and int8 in one (threads, batch) cell, or None."""
+    cands = [by[k] for k in ((threads, bs, "nmtkit fp32"), (threads, bs, "nmtkit int8")) if k in by]
+    return max(cands, key=lambda r: r["decode_sent_s"]) if cands else None
+
+
+def targets(rows: list[dict], startup: list[tuple[str, float]]) -> list[str]:
+    """The issue's targets (docs/generate.md, Speed), one line each: the measured figure and
+    whether it is met; a target whose rows were not run is left out."""
+    by = {(r["threads"], r["batch_size"], r["system"]): r for r in rows}
+    ok = lambda met: "met" if met else "NOT met"  # noqa: E731
+    out = []
+    b, c = best(by, 2, 128), by.get((2, 128, "CTranslate2 int8_float32"))
+    if b and c:
+        x = b["decode_sent_s"] / c["decode_sent_s"]
+        out.append(f"batch 128, 2 threads: best nmtkit ({b['system']}) / CTranslate2 int8_float32 = {x:.2f}x "
+                   f"(target >= 1.0x: {ok(x >= 1.0)})")
+    n, c = by.get((1, 1, "nmtkit fp32")), by.get((1, 1, "CTranslate2 float32"))
+    if n and c:
+        x = n["decode_sent_s"] / c["decode_sent_s"]
+        b = best(by, 1, 1)
+        also = (f"; best nmtkit ({b['system']}) {b['decode_sent_s'] / c['decode_sent_s']:.2f}x"
+                if b is not n else "")
+        out.append(f"batch 1, 1 thread: nmtkit fp32 / CTranslate2 float32 = {x:.2f}x{also} (target >= 1.0x: {ok(x >= 1.0)})")
+    for label, wall in startup:
+        if label == "nmtkit fp32":
+            out.append(f"start-up on an empty input: {wall:.2f} s (target <= 1.0 s: {ok(wall <= 1.0)})")
+    rss = [(by[k]["peak_rss_mib"] / by[(k[0], k[1], "CTranslate2 float32")]["peak_rss_mib"], k[0])
+           for k in by if k[1] == 128 and k[2] == "nmtkit fp32" and (k[0], k[1], "CTranslate2 float32") in by]
+    if rss:
+        x, threads = max(rss)
+        out.append(f"peak RSS at batch 128: nmtkit fp32 / CTranslate2 float32 = {x:.2f}x ({threads} thread(s), "
+                   f"the worst; target <= 1.5x: {ok(x <= 1.5)})")
+    drops = [by[k]["bleu"] - by[(k[0], k[1], "nmtkit int8")]["bleu"]
+             for k in by if k[2] == "nmtkit fp32" and (k[0], k[1], "nmtkit int8") in by]
+    if drops:
+        x = round(max(drops), 2)  # BLEU as reported (two decimals): 25.6 - 25.3 is 0.30000000000000071
+        out.append(f"BLEU of --quantize int8: at most {x:.2f} below fp32 (target <= 0.3: {ok(x <= 0.3)})")
+    return out
 
 
 def main() -> None:
@@ -237,6 +278,12 @@ def main() -> None:
     for label, s in ct2_loads[:2]:
         print(f"{label}: process time outside translate_batch (start-up, load, I/O): {s:.2f} s")
     print(f"load average at start and end: see above; at end {' '.join(f'{x:.1f}' for x in load_end)}")
+    lines = targets(rows, startup)
+    if lines:
+        print()
+        print("The issue's targets, in this sitting:")
+        for line in lines:
+            print("- " + line)
     result = {"data": a.data, "ckpt": a.ckpt, "beam": a.beam, "lenpen": a.lenpen, "rows": rows,
               "startup": startup, "loadavg_end": load_end}
     (work / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
