@@ -82,12 +82,13 @@ def load_dictionaries(data_dir: str | os.PathLike, manifest: dict | None = None)
 
     m = _manifest(data_dir, manifest)
     out = []
+    source_sha = m["files"].get(dictionary_path(data_dir, m["source_lang"], m).name)
     for lang in (m["source_lang"], m["target_lang"]):
         p = dictionary_path(data_dir, lang, m)
         if p.name in m["files"]:  # bytes first: a flipped byte is "corrupt", not a parse error
             verify_files(data_dir, m, [p.name])
         expected = m["files"].get(p.name)
-        if out and expected is not None and expected == m["files"].get(dictionary_path(data_dir, m["source_lang"], m).name):
+        if out and expected is not None and expected == source_sha:
             out.append(out[0])  # a joined dictionary: the same bytes, parsed once (start-up)
             continue
         d = Dictionary.load(p)
