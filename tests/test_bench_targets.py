@@ -62,3 +62,15 @@ def test_a_target_at_its_bound_is_met():
     assert lines[1] == "start-up on an empty input: 1.00 s (target <= 1.0 s: met)"
     assert lines[2].startswith("peak RSS at batch 128: nmtkit fp32 / CTranslate2 float32 = 1.50x") and lines[2].endswith(": met)")
     assert lines[3] == "BLEU of --quantize int8: at most 0.30 below fp32 (target <= 0.3: met)"
+
+
+def test_a_missing_bleu_is_left_out():
+    rows = [_row(1, 1, "nmtkit fp32", 44.0, 363, float("nan")), _row(1, 1, "nmtkit int8", 60.0, 298, 25.5)]
+    assert not any(line.startswith("BLEU") for line in _bench().targets(rows, []))
+
+
+def test_the_decode_time_comes_from_the_unrounded_rate():
+    line = ("translated 1,000 sentences (12,345 target tokens) in 5.2s: 192.3 sentences/s, 2,374 tokens/s; "
+            "search only 3.6s: 1,277.8 sentences/s, 3,429 tokens/s")
+    m = _bench().SUMMARY.search(line)
+    assert m.groups() == ("1,000", "12,345", "1,277.8")
