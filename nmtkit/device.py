@@ -42,8 +42,15 @@ def resolve_device(name: str, local_rank: int = 0, flag: str = "--device") -> to
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD")
-_allocator_tuned = False
+OPT_OUT = "NMTKIT_KEEP_FREED_MEMORY"  # "0": leave glibc's malloc as it is
+_allocator_tuned: bool | None = None  # None: not tried yet (the settings are made once)
+
+
+def _user_chose_allocator_settings(env) -> bool:
+    """Whether the environment already says how malloc should behave: our opt-out, any
+    MALLOC_* variable, glibc.malloc tunables, or a preloaded library (jemalloc, tcmalloc...)."""
+    return (env.get(OPT_OUT, "").strip() == "0" or any(k.startswith("MALLOC_") for k in env)
+            or "glibc.malloc." in env.get("GLIBC_TUNABLES", "") or bool(env.get("LD_PRELOAD", "").strip()))
 
 
 def keep_freed_cpu_memory() -> bool:
@@ -52,20 +59,23 @@ def keep_freed_cpu_memory() -> bool:
     Why: CPU decoding allocates and frees tensors of several MB at every step (the logits over
     the vocabulary, the reordered K/V caches, the int8 products). glibc's defaults hand such
     blocks back to the system (munmap, or trimming the top of the heap) and take them again at
-    the next step, paying a page fault on every fresh page: at batch 128 that was 0.49 s of
-    system time of a 4.6 s run. Serving blocks below 32 MiB from the heap and keeping up to
-    256 MiB of free heap took it to 0.28 s (0.95x the run's time, same peak RSS; docs/generate.md,
-    Speed). Process-wide and harmless to numbers. Left alone where the user chose an allocator
-    or its settings (MALLOC_*_ variables, LD_PRELOAD of jemalloc/tcmalloc), and off glibc.
+    the next step, paying a page fault on every fresh page: 0.50 s of system time in a batch-128
+    run, 0.30 s with blocks below 32 MiB served from the heap and up to 256 MiB of free heap
+    kept (docs/generate.md, Speed). The price: after a large batch a long-lived process (a
+    server) keeps up to that much freed memory resident for the next one. Process-wide, like
+    torch's thread count, and harmless to numbers. Made once; left alone where the environment
+    already decides (`_user_chose_allocator_settings`: NMTKIT_KEEP_FREED_MEMORY=0 is the plain
+    opt-out) and off glibc.
     """
     global _allocator_tuned
-    if _allocator_tuned:
-        return True
+    if _allocator_tuned is not None:
+        return _allocator_tuned
     import ctypes
     import os
     import sys
 
-    if not sys.platform.startswith("linux") or any(os.environ.get(v) for v in _MALLOC_ENV):
+    _allocator_tuned = False
+    if not sys.platform.startswith("linux") or _user_chose_allocator_settings(os.environ):
         return False
     try:
         libc = ctypes.CDLL(None)
@@ -74,5 +84,6 @@ def keep_freed_cpu_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # mallopt returns 1 on success; the first setting stays even if the second were refused
     _allocator_tuned = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 256 << 20))
     return _allocator_tuned

@@ -44,6 +44,7 @@ _REUSE = """
 import ctypes, sys, torch
 from nmtkit.device import keep_freed_cpu_memory
 tuned = keep_freed_cpu_memory() if sys.argv[1] == "tune" else False
+again = keep_freed_cpu_memory() if sys.argv[1] == "tune" else False  # made once: the same answer
 class Info(ctypes.Structure):  # glibc's struct mallinfo2
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena ordblks smblks hblks hblkhd usmblks fsmblks "
                                                "uordblks fordblks keepcost").split()]
@@ -54,6 +55,7 @@ a = torch.ones(4 << 20)  # a 16 MiB block (a step's logits)
 mapped = mallinfo2().hblkhd - before
 del a
 kept = mallinfo2().fordblks  # free bytes the heap keeps for the next allocations
+assert tuned == again, (tuned, again)
 print(tuned, mapped >> 20, kept >> 20)
 """
 
@@ -75,7 +77,8 @@ def _freed_block(mode: str, env_extra: dict | None = None) -> tuple[str, int, in
     import sys
     from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "GLIBC_TUNABLES", "NMTKIT_KEEP_FREED_MEMORY")}
     env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), **(env_extra or {}))
     out = subprocess.run([sys.executable, "-c", _REUSE, mode], env=env, capture_output=True, text=True, check=True)
     tuned, mapped, kept = out.stdout.split()
@@ -98,16 +101,37 @@ def test_freed_blocks_stay_in_the_heap():
 
 
 @pytest.mark.skipif(not _has_mallinfo2(), reason="glibc's malloc only (Linux, glibc >= 2.33)")
-@pytest.mark.parametrize("var", ["MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD"])
-def test_a_users_allocator_settings_are_left_alone(var):
-    # (LD_PRELOAD as a user sets it for jemalloc or tcmalloc; glibc itself stands in for them)
-    value = "libc.so.6" if var == "LD_PRELOAD" else "1048576"
+@pytest.mark.parametrize("var, value", [
+    ("NMTKIT_KEEP_FREED_MEMORY", "0"),  # the plain opt-out
+    ("MALLOC_MMAP_THRESHOLD_", "1048576"),
+    ("MALLOC_ARENA_MAX", "2"),  # any MALLOC_ variable: the user is tuning malloc
+    ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1048576"),
+    # as a user sets it for jemalloc or tcmalloc; glibc itself stands in for them
+    ("LD_PRELOAD", "libc.so.6"),
+])
+def test_a_users_allocator_settings_are_left_alone(var, value):
     assert _freed_block("tune", {var: value})[:2] == ("False", 16)
+
+
+@pytest.mark.parametrize("env, chose", [
+    ({}, False),
+    ({"NMTKIT_KEEP_FREED_MEMORY": "1"}, False),
+    ({"NMTKIT_KEEP_FREED_MEMORY": " 0 "}, True),
+    ({"MALLOC_TOP_PAD_": "0"}, True),
+    ({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}, False),
+    ({"GLIBC_TUNABLES": "glibc.pthread.rseq=0:glibc.malloc.arena_max=2"}, True),
+    ({"LD_PRELOAD": " "}, False),
+    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, True),
+])
+def test_which_environments_decide_for_themselves(env, chose):
+    from nmtkit.device import _user_chose_allocator_settings
+
+    assert _user_chose_allocator_settings(env) is chose
 
 
 def test_not_on_other_platforms(monkeypatch):
     import nmtkit.device as device
 
-    monkeypatch.setattr(device, "_allocator_tuned", False)
+    monkeypatch.setattr(device, "_allocator_tuned", None)
     monkeypatch.setattr("sys.platform", "darwin")
     assert device.keep_freed_cpu_memory() is False

@@ -80,6 +80,25 @@ def test_packed_linear_equals_linear():
         assert torch.allclose(PackedLinear(nobias.weight, None)(x), nobias(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(4, 1, 32), (16, 32), (3, 5, 32), (0, 32), (32,)])
+def test_packed_linear_takes_any_layout(shape):
+    """Up to 16 rows go to oneDNN as they come (no reshape): non-contiguous and expanded inputs,
+    1-D and 3-D, and 0 rows give what the contiguous product gives, in the input's shape."""
+    lin = _linear(32, 40, True, 2)
+    packed = PackedLinear(lin.weight, lin.bias)
+    base = torch.randn(*shape[:-1], 64)[..., ::2]  # every other column: a strided view
+    views = [base, base.transpose(0, -2) if base.dim() == 3 else base]
+    if base.dim() >= 2 and base.size(0) > 0:
+        views.append(base[:1].expand(*base.shape))  # rows sharing memory (stride 0)
+    with torch.inference_mode():
+        for x in views:
+            assert not x.is_contiguous() or x.numel() == 0
+            y = packed(x)
+            assert y.shape == (*x.shape[:-1], 40)
+            assert torch.equal(y, packed(x.contiguous()))
+            assert torch.allclose(y, lin(x), rtol=1e-5, atol=1e-6)
+
+
 def _quantized(model):
     n = convert_linears(model, "int8")
     assert n == sum(1 for m in model.modules() if isinstance(m, Int8Linear)) > 0
