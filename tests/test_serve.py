@@ -436,9 +436,12 @@ def test_flag_errors_and_a_busy_port_exit_2_before_listening(setup, run_cli):  #
         (("--topk", "5"), "--topk, --topp and --temperature apply only with --sampling"),
         (("--nbest", "5"), "--nbest 5 exceeds the --beam 4"),
         (("--device", "cuda:7"), "--device cuda:7"),
+        (("--path", "/nonexistent/model.pt"), "nmtkit: error: checkpoint not found: /nonexistent/model.pt"),
     ]:
         r = run_cli("serve", data, "--path", ckpt, *flags)
         assert r.code == 2 and message in r.err and "listening" not in r.err, (flags, r)
+    r = run_cli("serve", "/nonexistent/data-bin", "--path", ckpt)
+    assert r.code == 2 and r.err.strip() == "nmtkit: error: data directory not found: /nonexistent/data-bin", r
 
 
 def test_missing_extra_is_one_line(monkeypatch, setup, run_cli):  # noqa: F811
