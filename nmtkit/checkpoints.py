@@ -130,6 +130,12 @@ def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any
         return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def require_exists(path: str | os.PathLike) -> None:
+    """UserError "checkpoint not found" when `path` (a checkpoint, or an export directory) is absent."""
+    if not Path(path).exists():
+        raise UserError(f"checkpoint not found: {path}")
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
     """Load an nmtkit checkpoint with weights_only=True; UserError if missing, corrupt or foreign.
 
@@ -139,8 +145,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     atomic saves: a checkpoint is replaced by renaming, which leaves a mapped file intact.
     """
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"checkpoint not found: {path}")
+    require_exists(path)
     if path.is_dir():
         raise UserError(f"expected a checkpoint file but got a directory: {path}")
     try:

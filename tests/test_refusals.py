@@ -158,14 +158,19 @@ def export_dir(tmp_path) -> str:
     return str(d)
 
 
-def gen(**kw):
-    from nmtkit.generation.generator import GenerateOptions
-
+def _model_options(cls, **kw):
+    """generate's or serve's options with a model path and data dir (never read: flags only)."""
     kw.setdefault("paths", ["m.pt"])
     kw.setdefault("data_dir", "d")
     if isinstance(kw.get("search"), dict):
         kw["search"] = SearchConfig(**kw["search"])
-    return GenerateOptions(**kw)
+    return cls(**kw)
+
+
+def gen(**kw):
+    from nmtkit.generation.generator import GenerateOptions
+
+    return _model_options(GenerateOptions, **kw)
 
 
 EXPORT = "{e}"  # replaced by the export directory
@@ -281,11 +286,7 @@ def test_check_output_path(tmp_path, monkeypatch):
 def serve(**kw):
     from nmtkit.serving.options import ServeOptions
 
-    kw.setdefault("paths", ["m.pt"])
-    kw.setdefault("data_dir", "d")
-    if isinstance(kw.get("search"), dict):
-        kw["search"] = SearchConfig(**kw["search"])
-    return ServeOptions(**kw)
+    return _model_options(ServeOptions, **kw)
 
 
 @pytest.mark.parametrize("bad,message", [

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nmtkit.checkpoints import require_exists
 from nmtkit.data.manifest import load_manifest
 from nmtkit.errors import UserError
 from nmtkit.serving.app import Limits, ServerState, build_app
@@ -228,8 +229,7 @@ def serve(opts: ServeOptions) -> None:
     # The commonest mistakes, refused before anything listens (one line, as generate gives); a
     # model that is there but does not load stops the server after it started listening.
     for p in opts.paths:
-        if not Path(p).exists():
-            raise UserError(f"checkpoint not found: {p}")
+        require_exists(p)
     if opts.data_dir is not None:
         load_manifest(opts.data_dir)  # "data directory not found: ...", or not one nmtkit made
     prepare_runtime(opts.device, opts.precision, opts.threads, lambda msg: None)  # device errors first
