@@ -1,43 +1,73 @@
-"""The one device resolver of nmtkit: train, generate, the `Translator` and everything after use it.
+"""The one device parser of nmtkit: train, generate, the `Translator`, every engine and everything
+after use it.
 
 One set of accepted values everywhere: 'auto' (CUDA if available, else CPU), 'cpu', 'cuda'
-(this process's local rank under torchrun, else device 0), 'cuda:N' and 'mps'. A device that is
-absent is a `UserError` naming the flag, never a late CUDA error.
+(this process's local rank under torchrun, else device 0), 'cuda:N' and 'mps'. `parse_device`
+reads the flag without importing torch (an engine that runs without torch checks it against its
+own runtime); `resolve_device` turns it into a torch.device. A device that is absent is a
+`UserError` naming the flag, never a late CUDA error.
 """
 
 from __future__ import annotations
 
-import torch
+import re
+from dataclasses import dataclass
 
 from nmtkit.errors import UserError
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+KINDS = ("auto", "cpu", "cuda", "mps")
+# torch's other device types: a name torch knows but nmtkit does not run on
+_OTHER_TORCH_TYPES = ("meta", "xpu", "xla", "hpu", "ipu", "mtia", "maia", "lazy", "vulkan", "ve", "fpga", "hip",
+                      "mkldnn", "opengl", "opencl", "ideep", "privateuseone")
+_DEVICE = re.compile(r"([a-z_]+)(?::(\d+))?")
 
 
-def resolve_device(name: str, local_rank: int = 0, flag: str = "--device") -> torch.device:
+@dataclass(frozen=True)
+class DeviceRequest:
+    """A --device value, read: its kind and its index (None: not given, e.g. 'cuda')."""
+
+    name: str  # as the user wrote it, for messages
+    kind: str  # auto, cpu, cuda or mps
+    index: int | None = None
+
+
+def parse_device(name: str, flag: str = "--device") -> DeviceRequest:
+    """Read a --device value (no torch imported); UserError naming `flag` for anything else."""
+    name = str(name)
+    m = _DEVICE.fullmatch(name)
+    kind = m.group(1) if m else None
+    if kind == "auto" and m.group(2) is None:
+        return DeviceRequest(name, "auto")
+    if kind in _OTHER_TORCH_TYPES:
+        raise UserError(f"{flag}: unsupported device type {kind!r} (use {DEVICE_CHOICES})")
+    if kind not in KINDS or kind == "auto":
+        raise UserError(f"{flag}: unknown device {name!r} (use {DEVICE_CHOICES})")
+    return DeviceRequest(name, kind, None if m.group(2) is None else int(m.group(2)))
+
+
+def resolve_device(name: str, local_rank: int = 0, flag: str = "--device"):
     """The torch.device for `name`; 'auto' and 'cuda' pick cuda:`local_rank` (one GPU per process)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UserError(f"{flag}: unknown device {name!r} (use {DEVICE_CHOICES})") from None
-    if dev.type == "cuda":
+    import torch
+
+    req = parse_device(name, flag)
+    kind = req.kind
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"{flag} {name}: CUDA is not available on this machine "
                             "(torch.cuda.is_available() is False)")
-        index = local_rank if dev.index is None else dev.index
+        index = local_rank if req.index is None else req.index
         if index >= torch.cuda.device_count():
-            where = f"LOCAL_RANK {local_rank}" if dev.index is None else f"{flag} {name}"
+            where = f"LOCAL_RANK {local_rank}" if req.index is None else f"{flag} {name}"
             raise UserError(f"{where}: only {torch.cuda.device_count()} CUDA device(s) here")
         return torch.device("cuda", index)
-    if dev.type == "mps":
+    if kind == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise UserError(f"{flag} {name}: MPS is not available on this machine")
-        return dev
-    if dev.type != "cpu":
-        raise UserError(f"{flag}: unsupported device type {dev.type!r} (use {DEVICE_CHOICES})")
-    return dev
+        return torch.device(name)
+    return torch.device("cpu") if req.kind == "auto" else torch.device(name)
 
 
 # glibc's mallopt parameters (malloc.h)

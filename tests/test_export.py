@@ -225,7 +225,7 @@ def test_hypotheses_that_reach_the_output_limit(wm):
     a, b = native.translate_nbest(texts), ct2.translate_nbest(texts)
     limits = [int(0.5 * len(ct2.encode([t])[0].ids) + 1) for t in texts]
     assert sum(len(x[0].hypothesis.tokens) == n for x, n in zip(a, limits)) > 20  # guard: the limit is reached
-    model = native.models[0]
+    model = native.engine.models[0]
     for text, x, y, n in zip(texts, a, b, limits):
         h = y[0].hypothesis
         assert len(h.tokens) <= n
@@ -337,7 +337,7 @@ def test_int8_export_loads_and_translates(wm):
     assert info["runtime"]["quantization"] == "int8"
     assert (i8 / "model.bin").stat().st_size < 0.6 * (f32 / "model.bin").stat().st_size
     tr = Translator.load(i8, threads=1, **FAIRSEQ)
-    assert tr.compute_type == "default"  # the export's int8
+    assert tr.engine.compute_type == "default"  # the export's int8
     texts = [s for s in sentences(40, 5) if s.strip()]
     full = Translator.load(f32, threads=1, **FAIRSEQ)
     got, want = tr.translate(texts), full.translate(texts)
@@ -347,7 +347,7 @@ def test_int8_export_loads_and_translates(wm):
 
     src = [full.src_dict.string(it.ids) for it in full.encode(texts)]
     hyp = [full.tgt_dict.string(r[0].hypothesis.tokens) for r in full.translate_nbest(texts)]
-    a, b = (t.runtime.score_batch(src, hyp, max_input_length=0) for t in (full, tr))
+    a, b = (t.engine.runtime.score_batch(src, hyp, max_input_length=0) for t in (full, tr))
     diff = np.concatenate([np.abs(np.array(x.log_probs) - np.array(y.log_probs)) for x, y in zip(a, b)])
     assert 0 < diff.mean() < 0.05
 
@@ -382,7 +382,7 @@ def test_sampling_greedy_and_the_api(wm):
 
     out = export_dir(wm, "post")
     native, ct2 = load_both(wm, "post", out, max_len_a=0.0, max_len_b=40)
-    assert isinstance(ct2, Translator) and ct2.models == []
+    assert isinstance(ct2, Translator) and ct2.engine.name == "ctranslate2" and not ct2.engine.forced
     texts = sentences(20, 8)
     # top-1 sampling is greedy search
     assert ct2.translate(texts, sampling=True, topk=1, beam=3) == native.translate(texts, beam=1)
@@ -423,7 +423,7 @@ def test_every_registry_architecture_converts_exactly(name, tmp_path):
     including Table 3 row B (d_k != d_v: zero-padded heads) and row E (learned positions)."""
     import numpy as np
 
-    from nmtkit.export.ctranslate2 import build_spec, convert
+    from nmtkit.backends.ctranslate2.convert import build_spec, convert
     from nmtkit.models import Transformer
 
     cfg = _shrunk(ARCHS[name])
@@ -447,7 +447,7 @@ def test_every_registry_architecture_converts_exactly(name, tmp_path):
 
 def test_a_setting_the_conversion_does_not_know_is_refused():
     """A field added to ArchConfig later is refused (with its flag) until the conversion handles it."""
-    from nmtkit.export.ctranslate2 import check_representable
+    from nmtkit.backends.ctranslate2.convert import check_representable
     from nmtkit.models.registry import ArchConfig
 
     fields = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(ArchConfig)]
@@ -558,7 +558,7 @@ def test_a_damaged_export_is_named(wm, tmp_path, run_cli):
 
 
 def test_export_is_atomic_and_force_replaces(wm, tmp_path, run_cli, monkeypatch):
-    import nmtkit.export.exporter as E
+    import nmtkit.backends.export as E
 
     data, ckpt = wm["data"], wm["post"]
     out = tmp_path / "m"

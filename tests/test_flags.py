@@ -16,10 +16,10 @@ from nmtkit.cli.app import app
 from nmtkit.data.preprocess import PreprocessConfig
 from nmtkit.data.preprocess_job import PreprocessJob
 from nmtkit.errors import UserError
-from nmtkit.export.exporter import ExportOptions
+from nmtkit.backends.export import ExportOptions
 from nmtkit.generation.inspection import AttentionOptions
 from nmtkit.generation.generator import GenerateOptions
-from nmtkit.generation.search import SearchConfig
+from nmtkit.search.beam import SearchConfig
 from nmtkit.models.registry import arch_field_specs
 from nmtkit.scoring.files import ScoreOptions
 from nmtkit.serving.options import ServeOptions
@@ -356,7 +356,7 @@ def test_train_config_from_flags_equals_the_library_defaults():
 
 
 def test_generate_options_from_flags(monkeypatch):
-    import nmtkit.generation.generator as G
+    import nmtkit.generation.model_flags as G
 
     monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 300 if data_dir == "parsing" else 50)
     opts = cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="d", paths=("a.pt",)))
@@ -368,7 +368,7 @@ def test_generate_options_from_flags(monkeypatch):
 
 
 def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
-    import nmtkit.generation.generator as G
+    import nmtkit.generation.model_flags as G
 
     gen = {f.name: f for f in dataclasses.fields(GenerateOptions)}
     for f in dataclasses.fields(ServeOptions):
@@ -384,7 +384,7 @@ def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
 
 
 def test_flags_with_an_optional_value(monkeypatch):
-    import nmtkit.generation.generator as G
+    import nmtkit.generation.model_flags as G
     from nmtkit.settings import fill_optional_values, optional_values
 
     monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 50)
@@ -531,7 +531,7 @@ def test_library_configs_check_numbers():
 def test_a_huge_max_len_a_gives_the_cap_not_an_overflow():
     import torch
 
-    from nmtkit.generation.search import max_lengths
+    from nmtkit.search.beam import max_lengths
 
     src = torch.tensor([[5, 6, 7, 2], [5, 2, 0, 0]])
     assert max_lengths(src, SearchConfig(max_len_a=1e30, max_len_b=0, max_len_cap=40)).tolist() == [40, 40]

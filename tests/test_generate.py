@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from nmtkit.generation.search import SearchConfig, length_penalty, search
+from nmtkit.search.beam import SearchConfig, length_penalty, search
 
 DE = "der die das Hund Katze Haus Baum läuft springt schläft groß klein rot blau ein zwei Mann Frau Kind Straße".split()
 EN = "the the the dog cat house tree runs jumps sleeps big small red blue a two man woman child street".split()
@@ -108,7 +108,7 @@ def library_translation(data, ckpt, src_line: str, cfg: SearchConfig) -> list:
     """The library's answer for one sentence alone: subword-encode, search, detokenize."""
     from nmtkit.data.manifest import load_dictionaries
     from nmtkit.data.subwords import load_subword_model
-    from nmtkit.generation.generator import load_models
+    from nmtkit.models.loading import load_models
 
     src_dict, tgt_dict = load_dictionaries(data)
     ids = src_dict.encode(load_subword_model(data, "de").encode(src_line))[: MAX_SRC_POS - 1].tolist()

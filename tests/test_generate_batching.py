@@ -14,16 +14,10 @@ import pytest
 import torch
 
 from nmtkit.generation.generator import chunks
-from nmtkit.generation.search import SearchConfig, search
-from nmtkit.generation.translator import (
-    DEFAULT_BATCH_SIZE,
-    MAX_WARNINGS,
-    Item,
-    Translator,
-    Truncations,
-    collate_source,
-    make_batches,
-)
+from nmtkit.search.beam import SearchConfig, search
+from nmtkit.backends.pytorch.engine import TorchEngine, collate_source
+from nmtkit.generation.items import DEFAULT_BATCH_SIZE, MAX_WARNINGS, Item, Truncations, make_batches
+from nmtkit.generation.translator import Translator
 
 torch.set_num_threads(1)
 
@@ -119,13 +113,13 @@ def test_items_are_the_callers_objects():
 def test_collate_source_rows_ids_then_eos_then_pad():
     batch = [Item(7, np.array([5, 6, 7], dtype=np.int64)), Item(2, np.array([9], dtype=np.int32)),
              Item(0, np.array([4, 4], dtype=np.int64))]
-    got = collate_source(batch, eos=2, pad=0)
+    got = collate_source([it.ids for it in batch], eos=2, pad=0)
     assert got.dtype == torch.int64
     assert got.tolist() == [[5, 6, 7, 2], [9, 2, 0, 0], [4, 4, 2, 0]]
     # other ids for </s> and <pad> are used as given
-    assert collate_source(batch[1:], eos=11, pad=13).tolist() == [[9, 11, 13], [4, 4, 11]]
+    assert collate_source([it.ids for it in batch[1:]], eos=11, pad=13).tolist() == [[9, 11, 13], [4, 4, 11]]
     # a single row has no padding; an empty row is </s> alone
-    assert collate_source([Item(0, np.zeros(0, dtype=np.int64))], eos=2, pad=0).tolist() == [[2]]
+    assert collate_source([np.zeros(0, dtype=np.int64)], eos=2, pad=0).tolist() == [[2]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,11 +194,13 @@ def test_truncation_names_the_first_max_warnings_then_counts():
 
 def on_device(model, device: str, search_cfg: SearchConfig, d) -> Translator:
     """A Translator over `model` (moved to `device`), without a data directory."""
+    from nmtkit.backends.registry import ModelSource
     from nmtkit.models.loading import LoadedModels
 
     loaded = LoadedModels([model.to(device)], max_source_tokens=15, max_target_tokens=15)
-    return Translator(loaded, data_dir="unused", manifest={"source_lang": "de", "target_lang": "en"},
-                      src_dict=d, tgt_dict=d, tgt_subword=None, device=torch.device(device), search=search_cfg)
+    engine = TorchEngine(loaded, torch.device(device), d, d)
+    source = ModelSource("checkpoint", TorchEngine, ("model.pt",), "unused", {"source_lang": "de", "target_lang": "en"})
+    return Translator(engine, source, src_dict=d, tgt_dict=d, tgt_subword=None, search=search_cfg)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from nmtkit.generation.forced import (
     word_alignment,
     word_index,
 )
-from nmtkit.generation.search import length_penalty
+from nmtkit.search.beam import length_penalty
 from tests.test_generate import COMMON, TEST_SRC, lines, setup  # noqa: F401 - fixture
 from tests.test_parsing_pipeline import make_checkpoint, parsing_dir  # noqa: F401 - fixture
 
@@ -61,7 +61,7 @@ def _train(data: Path, steps: int, out: Path, seed: int = 0) -> Path:
     from nmtkit.checkpoints import save_checkpoint
     from nmtkit.data.manifest import load_dictionaries
     from nmtkit.data.shards import load_split
-    from nmtkit.generation.forced import collate_targets
+    from nmtkit.backends.pytorch.forced import collate_targets
     from nmtkit.models import ArchConfig, Transformer
 
     sd, td = load_dictionaries(data)
@@ -230,7 +230,7 @@ def test_forced_scores_equal_the_beam_scores_on_a_sentencepiece_model(setup, nbe
     """The random-initialised model of test_generate (sentencepiece, an ensemble too): token ids of
     each hypothesis fed back (no detokenization in between) give its score and log-probs."""
     from nmtkit import Translator
-    from nmtkit.generation.translator import Item
+    from nmtkit.generation.items import Item
 
     data, ckpt, ckpt2, _ = setup
     for paths in ([ckpt], [ckpt, ckpt2]):
@@ -316,8 +316,11 @@ def test_translator_refusals(setup):  # noqa: F811
         with pytest.raises(UserError, match=re.escape(needle)):
             call()
     assert tr.score(["der Hund"], [""])[0].tokens == 1  # the empty translation: </s> alone
-    # a translator without nmtkit's own models (e.g. one running an export directory elsewhere)
-    tr.models = []
+    # an engine that cannot teacher-force (as CTranslate2's): refused in one line, before any work
+    class NoForcing(type(tr.engine)):
+        forced = False
+
+    tr.engine.__class__ = NoForcing
     for call in (lambda: tr.score(["der Hund"], ["the dog"]), lambda: tr.attention("der Hund"),
                  lambda: tr.attention_of_item(tr.encode(["der Hund"])[0]), lambda: tr.score_items([]),
                  lambda: tr.align_items([], {})):

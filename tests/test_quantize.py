@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from nmtkit.generation.search import SearchConfig, search
+from nmtkit.search.beam import SearchConfig, search
 from nmtkit.models.quantize import Int8Linear, PackedLinear, convert_linears, packing_available
 from tests.test_generate import COMMON, lines, setup  # noqa: F401 - fixture
 from tests.test_search import REAL_SRCS, REV_SRCS, exhaustive, reference_beam, same, src_batch, tiny_transformer
@@ -190,7 +190,7 @@ def test_translator_quantize(setup):
 
     data, ckpt, _, _ = setup
     tr = Translator.load(ckpt, data, device="cpu", quantize="int8", max_len_b=6)
-    assert any(isinstance(m, Int8Linear) for m in tr.models[0].modules())
+    assert any(isinstance(m, Int8Linear) for m in tr.engine.models[0].modules())
     assert len(tr.translate(["der Hund läuft", ""])) == 2
     with pytest.raises(UserError, match="runs on CPU only"):
         from nmtkit.models.quantize import check_quantize

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nmtkit.errors import UserError
-from nmtkit.generation.search import SearchConfig
+from nmtkit.search.beam import SearchConfig
 from nmtkit.settings import SettingError
 
 
@@ -147,14 +147,15 @@ def test_train_boundaries_are_accepted():
 
 
 # ---------------------------------------------------------------------------------------------
-# generate (and what serve shares with it: check_model_options / check_model_paths)
+# generate (and what serve shares with it: check_model_options)
 
 
 @pytest.fixture
 def export_dir(tmp_path) -> str:
     d = tmp_path / "exported"
     d.mkdir()
-    (d / "nmtkit.json").write_text("{}", encoding="utf-8")
+    (d / "nmtkit.json").write_text('{"format": "nmtkit-export", "format_version": 1, "runtime": {"name": "ctranslate2"}, '
+                                   '"arch_config": {}, "data": {}}', encoding="utf-8")
     return str(d)
 
 
@@ -239,11 +240,12 @@ def test_generate_valid_combinations_are_accepted(export_dir):
         gen(**ok).validate()
 
 
-def test_check_model_paths_returns_the_export(export_dir):
-    from nmtkit.generation.generator import check_model_options, check_model_paths
+def test_check_model_options_returns_the_export(export_dir):
+    from nmtkit.backends.registry import CHECKPOINT, check_combination
+    from nmtkit.generation.model_flags import check_model_options
 
-    assert check_model_paths(["m.pt"], "d", True) is None
-    assert check_model_paths([export_dir], None, False) == export_dir
+    assert check_combination(["m.pt"], "d", ema=True) == CHECKPOINT
+    assert check_combination([export_dir], None) == "ctranslate2"
     assert check_model_options(gen(paths=[export_dir], data_dir=None)) == export_dir
     assert check_model_options(gen()) is None
 
@@ -321,7 +323,7 @@ def test_serve_boundaries_are_accepted():
 
 
 def test_export_refusals():
-    from nmtkit.export.exporter import ExportOptions
+    from nmtkit.backends.export import ExportOptions
 
     def opts(**kw):
         return ExportOptions(data_dir="d", path="m.pt", output="out", **kw)

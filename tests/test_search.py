@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from nmtkit.generation.search import EOS, PAD, BOS, UNK, SearchConfig, length_penalty, search
+from nmtkit.search.beam import EOS, PAD, BOS, UNK, SearchConfig, length_penalty, search
 
 torch.set_num_threads(1)
 
@@ -314,7 +314,7 @@ def test_greedy_is_arg_max_and_beam_search_never_worse():
     """beam 1 is greedy: each token is the arg-max of the (rule-adjusted) distribution and decoding
     stops at the first </s>. Beam search (beam 1 through the beam code, or wider) never finds a
     worse-scoring hypothesis than greedy."""
-    from nmtkit.generation.search import _beam_search, _Ensemble
+    from nmtkit.search.beam import _beam_search, _Ensemble
 
     model = ToyModel(vocab=10, seed=6)
     srcs = [[4, 5], [6, 7, 8, 9], [], [4]]
@@ -448,7 +448,7 @@ def test_sampling_is_seeded_and_respects_topk():
 
 
 def test_topp_keeps_the_nucleus():
-    from nmtkit.generation.search import _filter_for_sampling
+    from nmtkit.search.beam import _filter_for_sampling
 
     lp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(_filter_for_sampling(lp, SearchConfig(topp=0.8)))
@@ -675,7 +675,7 @@ def test_real_transformer_greedy_is_arg_max(reverser):
 
 
 def test_real_transformer_greedy_equals_beam1_under_fairseq_rules(reverser):
-    from nmtkit.generation.search import _beam_search, _Ensemble
+    from nmtkit.search.beam import _beam_search, _Ensemble
 
     srcs = [[a, b, c] for a in range(4, 12, 2) for b in range(4, 12, 3) for c in (5, 9)] + REV_SRCS
     for cfg in (SearchConfig(beam=1), SearchConfig(beam=1, min_len=4, lenpen=1.0, lenpen_form="fairseq")):
@@ -710,7 +710,7 @@ def test_real_transformer_ensemble(reverser):
 @pytest.mark.parametrize("V", [7, 100, 8008, 8003, 33])
 @pytest.mark.parametrize("k", [1, 4, 5])
 def test_row_topk_equals_torch_topk(V, k):
-    from nmtkit.generation.search import row_topk
+    from nmtkit.search.beam import row_topk
 
     if k > V:
         pytest.skip("k > V")

@@ -133,7 +133,7 @@ def src_batch(rows: list[list[int]]) -> torch.Tensor:
 
 
 def run_case(models: dict, names: list[str], settings: dict) -> list[list[dict]]:
-    from nmtkit.generation.search import SearchConfig, search
+    from nmtkit.search.beam import SearchConfig, search
 
     torch.manual_seed(0)
     srcs = SOURCES[names[0]]

@@ -1,4 +1,4 @@
-"""The pieces of nmtkit.generation.search checked one by one against values worked out by hand:
+"""The pieces of nmtkit.search.beam checked one by one against values worked out by hand:
 the configuration's refusals (exact messages), the length penalty and output limits, the per-step
 rules (banned symbols, <unk> penalty, n-gram ban, min/max length), the sampling filter
 (temperature, top-k, top-p) and the sampler's distribution, and greedy/sampling bookkeeping.
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from nmtkit.errors import UserError
-from nmtkit.generation.search import (
+from nmtkit.search.beam import (
     EOS, PAD, UNK, SearchConfig, _apply_rules, _ban_repeated_ngrams, _filter_for_sampling,
     check_lenpen, length_penalty, max_lengths, search,
 )

@@ -30,7 +30,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
-from nmtkit.generation.search import SearchConfig  # noqa: E402
+from nmtkit.search.beam import SearchConfig  # noqa: E402
 from nmtkit.serving.options import ServeOptions  # noqa: E402
 from nmtkit.serving.server import Server, load_translator  # noqa: E402
 from tests.test_generate import lines, setup  # noqa: E402, F401 - fixture

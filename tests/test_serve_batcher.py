@@ -235,7 +235,7 @@ LIMITS = Limits(max_request_sentences=3, max_sentence_chars=10, max_beam=8)
     (b'{"text": ["a"], "beam": 9}', 413, "\"beam\" 9 exceeds this server's limit of 8"),
 ])
 def test_parse_request_refuses_with_the_status_and_one_clear_sentence(body, status, message):
-    from nmtkit.generation.search import SearchConfig
+    from nmtkit.search.beam import SearchConfig
 
     with pytest.raises(RequestError) as e:
         parse_request(body, LIMITS, SearchConfig())
@@ -244,7 +244,7 @@ def test_parse_request_refuses_with_the_status_and_one_clear_sentence(body, stat
 
 
 def test_parse_request_accepts_the_documented_fields():
-    from nmtkit.generation.search import SearchConfig
+    from nmtkit.search.beam import SearchConfig
 
     r = parse_request('{"text": ["Ein Hund.", "", "ü😀"], "beam": 8, "nbest": 2, "lenpen": 1, "scores": true}'
                       .encode(), LIMITS, SearchConfig())
@@ -258,7 +258,7 @@ def test_parse_request_accepts_the_documented_fields():
 
 
 def test_max_body_bytes_admits_every_acceptable_request():
-    from nmtkit.generation.search import SearchConfig
+    from nmtkit.search.beam import SearchConfig
 
     import json
 

@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
-from nmtkit.generation.search import SearchConfig  # noqa: E402
+from nmtkit.search.beam import SearchConfig  # noqa: E402
 from nmtkit.serving.options import ServeOptions  # noqa: E402
 from tests.test_export import export_dir, lines, sentences, wm  # noqa: E402, F401 - fixture
 from tests.test_serve import post, running  # noqa: E402

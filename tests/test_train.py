@@ -69,7 +69,7 @@ def test_loss_falls_and_log_and_checkpoints(data_dir, tmp_path):
     assert set(state["ema"]) == set(state["model"])
     assert not torch.equal(state["ema"]["tgt_embed.weight"], state["model"]["tgt_embed.weight"])
     # the curves of this run
-    from nmtkit.training.plot import plot_training
+    from nmtkit.figures.curves import plot_training
 
     png = plot_training(tmp_path / "run")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -319,7 +319,7 @@ def test_validation_bleu_plumbing(monkeypatch):
     """Hypotheses come back in corpus order and are scored against the references with sacreBLEU."""
     import numpy as np
 
-    from nmtkit.generation import search as S
+    from nmtkit.search import beam as S
     from nmtkit.training import distributed as D
     from nmtkit.training.validation import Validator
 

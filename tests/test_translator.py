@@ -82,7 +82,7 @@ def test_ensemble_equals_generate_ensemble(setup, src_file, run_cli):  # noqa: F
     data, ckpt, ckpt2, _ = setup
     want = generate_lines(run_cli, data, [ckpt, ckpt2], src_file, "--print-scores")
     tr = Translator.load([ckpt, ckpt2], data, threads=1, max_len_b=6, warn=lambda m: None)
-    assert len(tr.models) == 2 and tr.loaded.paths == [str(ckpt), str(ckpt2)]
+    assert len(tr.engine.models) == 2 and tr.engine.loaded.paths == [str(ckpt), str(ckpt2)]
     got = [f"{row[0].score:.6f}\t{row[0].text}" for row in tr.translate_nbest(SENTENCES)]
     assert got == want
     assert [x.split("\t")[1] for x in want] == tr.translate(SENTENCES)
@@ -134,7 +134,7 @@ def test_translate_items_on_a_binarized_split(setup, translator):  # noqa: F811
     """The lower-level call: ids in, Hypothesis lists out; a split's items give the same
     hypotheses as the raw lines they were made from."""
     from nmtkit.data.shards import load_split
-    from nmtkit.generation.translator import Item
+    from nmtkit.generation.items import Item
 
     data = setup[0]
     split = load_split(data, "test", "de")
@@ -150,12 +150,10 @@ def test_translate_items_on_a_binarized_split(setup, translator):  # noqa: F811
 
 
 def test_empty_input_never_runs_the_model(translator, monkeypatch):
-    import nmtkit.generation.translator as T
-
     def boom(*a, **k):
         raise AssertionError("the model ran on an empty input")
 
-    monkeypatch.setattr(T, "search", boom)
+    monkeypatch.setattr(translator.engine, "search", boom)
     assert translator.translate(["", "  ", "\t"]) == ["", "", ""]
     assert translator.translate([]) == []
     rows = translator.translate_nbest(["", " "], nbest=2)
@@ -281,7 +279,7 @@ def test_refusals_are_one_line_user_errors(setup, translator, tmp_path):  # noqa
 
 def test_defaults_are_the_clis(setup, translator):  # noqa: F811
     from nmtkit.generation.generator import GenerateOptions
-    from nmtkit.generation.search import SearchConfig
+    from nmtkit.search.beam import SearchConfig
     from nmtkit.generation.translator import Translator
 
     params = inspect.signature(Translator.load).parameters
@@ -333,8 +331,8 @@ def test_docs_example_runs(setup, tmp_path, monkeypatch, capsys):  # noqa: F811
 
 
 def test_docs_search_settings_table_is_searchconfig():
-    from nmtkit.generation.search import SearchConfig
-    from nmtkit.generation.translator import SEARCH_SETTINGS
+    from nmtkit.search.beam import SearchConfig
+    from nmtkit.search.config import SEARCH_SETTINGS
 
     text = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
     section = text.split("## Search settings", 1)[1].split("\n## ", 1)[0]

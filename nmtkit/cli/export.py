@@ -1,4 +1,4 @@
-"""`nmtkit export`: flag parsing for nmtkit.export.exporter (docs/export.md).
+"""`nmtkit export`: flag parsing for nmtkit.backends.export (docs/export.md).
 
 The flags are ExportOptions' fields (their defaults and help live there).
 """
@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from nmtkit.cli.app import app
 from nmtkit.cli.options import with_settings
-from nmtkit.export.exporter import ExportOptions
+from nmtkit.backends.export import ExportOptions
 
 
 @app.command("export")
 @with_settings(ExportOptions, into="opts")
 def export_command(opts: ExportOptions) -> None:
     """Export a checkpoint and its data directory's dictionaries and subword model(s) as one
-    self-contained directory for CTranslate2; `nmtkit generate --path DIR` translates with it."""
+    self-contained directory for another runtime (CTranslate2); `nmtkit generate --path DIR` translates with it."""
     from nmtkit.console import plain_text, stderr_console
-    from nmtkit.export.exporter import export
+    from nmtkit.backends.export import export
 
     # plain text: a path with [brackets] or :colons: stays as it is (no markup, no emoji)
     with stderr_console().status(plain_text("export")) as spinner:

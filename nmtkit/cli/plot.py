@@ -16,6 +16,6 @@ def plot_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG to write [default: SAVE_DIR/train_curves.png].", show_default=False),
 ) -> None:
     """Plot loss, perplexity, learning rate and validation curves of a training run."""
-    from nmtkit.training.plot import plot_training
+    from nmtkit.figures.curves import plot_training
 
     print(plot_training(save_dir, output))

@@ -1,11 +1,8 @@
-"""Inference: batched beam search, greedy search and sampling (`nmtkit.generation.search`), and
-the `generate` driver that reads inputs, batches them, runs the search and writes outputs
-(`nmtkit.generation.generator`).
+"""Translating with a trained model, whatever runs it: the `Translator` (the Python API and the
+one opener, `translator`), its inputs and batches (`items`), the `nmtkit generate` driver
+(`generator`), `nmtkit attention` (`inspection`) and the runtime-neutral side of forced decoding
+(`forced`: scores, alignments, attention of given targets).
 
-The search function is `nmtkit.generation.search.search`; it is not re-exported here, so that
-`nmtkit.generation.search` always names the module.
+The model work is an engine's (`nmtkit.backends`); the search and its settings are
+`nmtkit.search`. Nothing is imported here, so that `import nmtkit.generation.X` stays cheap.
 """
-
-from nmtkit.generation.search import Hypothesis, SearchConfig, length_penalty
-
-__all__ = ["Hypothesis", "SearchConfig", "length_penalty"]

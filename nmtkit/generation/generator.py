@@ -21,33 +21,27 @@ Why it is shaped this way:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
 
-import torch
-
-from nmtkit.device import resolve_device  # noqa: F401 - re-exported for old imports
+from nmtkit.backends.registry import engine_class, find_export
 from nmtkit.errors import UserError
 from nmtkit.generation.forced import ALIGNMENT_LEVELS, format_alignment
-from nmtkit.generation.search import Hypothesis, SearchConfig, search  # noqa: F401 - re-exported
-from nmtkit.generation.translator import (  # noqa: F401 - Item ... collate_source re-exported
-    MAX_WARNINGS,
-    Item,
-    Translator,
-    Truncations,
-    collate_source,
-    default_search,
-    make_batches,
-    prepare_runtime,
+from nmtkit.generation.items import Item, Truncations, warn_stderr
+from nmtkit.generation.model_flags import (
+    check_model_options,
+    model_source,
+    runtime_options,
+    search_flag_defaults,
+    with_seed,
 )
-from nmtkit.models.loading import PRECISIONS, LoadedModels, load_models  # noqa: F401 - re-exported
-from nmtkit.models.quantize import QUANTIZE_CHOICES
+from nmtkit.generation.translator import Translator
+from nmtkit.search.config import Hypothesis, SearchConfig
 from nmtkit.settings import construct, group, negate, setting
 
 FORMATS = ("plain", "fairseq")
@@ -97,7 +91,7 @@ class GenerateOptions:
         SearchConfig's, checked when it is made)."""
         export = check_model_options(self)
         if export is not None:
-            self._validate_export(export)
+            self._validate_export(export, find_export(self.paths)[1])
         if self.format not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.input is not None and self.gen_subset is not None:
@@ -135,91 +129,19 @@ class GenerateOptions:
             if self.search.sampling:
                 raise UserError("--sampling applies to the search, not to --score-reference")
 
-    def _validate_export(self, export: str) -> None:
-        """What an export directory (the CTranslate2 runtime) cannot do for generate, refused naming
-        the flag (the rest is `check_model_paths`)."""
+    def _validate_export(self, export: str, fmt: str) -> None:
+        """What an export directory cannot do for generate, refused naming the flag: it has no
+        binarized splits, and its engine may not teacher-force (the rest is `check_model_options`)."""
         if self.input is None:
             what = f"--gen-subset {self.gen_subset}" if self.gen_subset else "a binarized split"
             raise UserError(f"--path {export} is an export directory, which translates raw text: give --input FILE "
                             f"(or - for stdin); {what} needs the checkpoint and its data directory")
+        engine = engine_class(fmt)
         for flag, given in (("--print-alignment", self.print_alignment is not None),
                             ("--score-reference", self.score_reference)):
-            if given:
-                raise UserError(f"{flag}: {export} is run by CTranslate2, which nmtkit does not read attention or "
-                                "forced scores from; use the checkpoint and its data directory")
-
-
-def search_flag_defaults(values: dict) -> dict:
-    """The search flags with the defaults that depend on the model: a --max-len-b not given depends
-    on the data directory (50, or 300 for a parsing data directory: `default_max_len_b`), and an
-    --early-stop not given is `bound`, or `beam` on an export directory (CTranslate2's rule).
-    `values` holds the command's flag values: `search`, `paths` and `data_dir` (generate, serve)."""
-    flags = dict(values["search"])
-    export = export_path(values["paths"])
-    if flags["max_len_b"] is None:
-        if export is not None:
-            from nmtkit.export.directory import load_export
-
-            flags["max_len_b"] = default_search(load_export(export)["data"]).max_len_b
-        elif values["data_dir"] is not None:
-            flags["max_len_b"] = default_max_len_b(values["data_dir"])
-    if flags["early_stop"] is None and export is not None:
-        flags["early_stop"] = "beam"
-    return flags
-
-
-def check_model_options(opts) -> str | None:
-    """The checks that generate and serve share (`opts` has their model and search fields): the
-    sampling-only flags, the model paths (`check_model_paths`), --precision, --threads and --quantize.
-    Returns the export directory among --path, or None."""
-    s = opts.search
-    if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
-        raise UserError("--topk, --topp and --temperature apply only with --sampling")
-    export = check_model_paths(opts.paths, opts.data_dir, opts.ema)
-    if opts.precision not in PRECISIONS:
-        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {opts.precision!r}")
-    if opts.threads < 0:
-        raise UserError(f"--threads must be >= 0 (0 = torch's default), got {opts.threads}")
-    if opts.quantize not in QUANTIZE_CHOICES:
-        raise UserError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {opts.quantize!r}")
-    if opts.quantize != "none" and export is not None:
-        raise UserError(f"--quantize: {export} runs with the weight type chosen when it was exported; export "
-                        "with nmtkit export --quantization int8 (or int8_float32) instead, and drop --quantize")
-    if opts.quantize != "none" and opts.precision != "fp32":
-        raise UserError(f"--quantize {opts.quantize} works from fp32 weights; drop --precision {opts.precision}")
-    return export
-
-
-def check_model_paths(paths, data_dir: str | None, ema: bool) -> str | None:
-    """The export directory among `paths` (or None), after refusing what it cannot be used with:
-    an ensemble, a DATA_DIR beside it, --ema; without an export, DATA_DIR is required."""
-    if not paths:
-        raise UserError("--path is required (give it several times for an ensemble)")
-    export = export_path(paths)
-    if export is None:
-        if data_dir is None:
-            raise UserError("missing DATA_DIR: the data directory the checkpoint was trained with "
-                            "(only an export directory as --path needs none)")
-        return None
-    if len(paths) > 1:
-        raise UserError(f"--path {export} is an export directory; ensembles need checkpoints and their data directory")
-    if data_dir is not None:
-        raise UserError(f"--path {export} is an export directory: it carries its own dictionaries and subword "
-                        f"models; drop DATA_DIR ({data_dir})")
-    if ema:
-        raise UserError(f"--ema: {export} holds the weights chosen when it was exported (nmtkit export --ema); "
-                        "drop --ema")
-    return export
-
-
-def export_path(paths: list[str] | tuple[str, ...] | None) -> str | None:
-    """The export directory among --path values (nmtkit export's output), or None."""
-    from nmtkit.export.directory import is_export_dir
-
-    for p in paths or ():
-        if is_export_dir(p):
-            return str(p)
-    return None
+            if given and not engine.forced:
+                raise UserError(f"{flag}: {export} is run by {engine.display}, which nmtkit does not read attention "
+                                "or forced scores from; use the checkpoint and its data directory")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +260,13 @@ class GenerateStats:
     total_seconds: float = 0.0  # from the start of `generate` to the last output line
     scored: bool = False  # --score-reference: pairs scored, not sentences translated
 
+    def count(self, hyps: list) -> None:
+        """One input written with these hypotheses (none: an empty input)."""
+        self.sentences += 1
+        if hyps:
+            self.translated += 1
+            self.target_tokens += len(hyps[0].tokens)
+
     def line(self) -> str:
         t = max(self.decode_seconds, 1e-9)
         tt = max(self.total_seconds, 1e-9)
@@ -381,114 +310,137 @@ def _progress(enabled: bool, total: int | None):
     )
 
 
-def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[str], None] | None = None) -> GenerateStats:
-    """Translate `opts`' input with `opts.paths`' model(s); write to `out` (or opts.output)."""
-    from nmtkit.io import output_stream, read_lines
+def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Translator:
+    """The flags' model through the one opener: the engine's device checked before --output (a
+    bad device is reported first), then the model loaded with the search flags as defaults."""
+    source = model_source(opts)
+    options = runtime_options(opts)
+    prepared = source.engine.prepare(options, warn)
+    _check_output_path(opts)
+    tr = Translator.open(source, options, prepared=prepared, max_tokens=opts.max_tokens,
+                         batch_size=opts.batch_size, warn=warn, search=with_seed(opts.search, opts.seed))
+    tr.positional_scores = opts.format == "fairseq"  # its P- lines
+    return tr
 
-    t_start = time.perf_counter()
-    opts.validate()
-    warn = warn or (lambda msg: print(f"nmtkit: warning: {msg}", file=sys.stderr))
-    if opts.seed is not None:
-        torch.manual_seed(opts.seed)
-    cfg = opts.search
-    if cfg.seed is None and opts.seed is not None:
-        cfg = dataclasses.replace(cfg, seed=opts.seed)
-    export = export_path(opts.paths)
-    if export is not None:  # an `nmtkit export` directory, run by CTranslate2 (docs/export.md)
-        from nmtkit.generation.ct2_translator import CTranslate2Translator
 
-        _check_output_path(opts)
-        tr = CTranslate2Translator.load(export, device=opts.device, precision=opts.precision, threads=opts.threads,
-                                        max_tokens=opts.max_tokens, batch_size=opts.batch_size, warn=warn,
-                                        search=cfg)
-        tr.rescore = opts.format == "fairseq"  # its P- lines: per-token scores from a forced-decoding pass
-    else:
-        device, dtype = prepare_runtime(opts.device, opts.precision, opts.threads, warn)
-        _check_output_path(opts)
-        tr = Translator.open(opts.paths, opts.data_dir, device, dtype, ema=opts.ema, quantize=opts.quantize,
-                             max_tokens=opts.max_tokens,
-                             batch_size=opts.batch_size, warn=warn, search=cfg)
-    manifest, src_dict, tgt_dict = tr.manifest, tr.src_dict, tr.tgt_dict
+def _inputs(opts: GenerateOptions, tr: Translator) -> tuple[int | None, Iterator[Item], Truncations]:
+    """(count or None, items, their truncation counter) of --input (with --reference when
+    scoring) or of the binarized split."""
+    from nmtkit.io import read_lines
 
-    if opts.input is not None and opts.score_reference:
+    if opts.input is not None:
         where = "<stdin>" if opts.input == "-" else opts.input
         trunc = tr.truncations(lambda i: f"{where}:{i + 1}", where)
-        total, items = reference_items(tr, opts.input, opts.reference, trunc)
-    elif opts.input is not None:
-        where = "<stdin>" if opts.input == "-" else opts.input
-        trunc = tr.truncations(lambda i: f"{where}:{i + 1}", where)
+        if opts.score_reference:
+            return (*reference_items(tr, opts.input, opts.reference, trunc), trunc)
         tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
         total = None if opts.input == "-" else _count_lines(opts.input)
-        items = tr.items(read_lines(opts.input), trunc)
-    else:
-        split = opts.gen_subset or "test"
-        trunc = tr.truncations(lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}")
-        total, items = split_items(opts.data_dir, split, tr.src_lang, tr.tgt_lang, trunc)
-        if opts.score_reference and not _has_targets(opts.data_dir, split, tr.src_lang, tr.tgt_lang):
-            raise UserError(f"--score-reference: split {split!r} of {opts.data_dir} has no target side "
-                            f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
-    layer = None if opts.print_alignment is None else (-1 if opts.alignment_layer is None else opts.alignment_layer - 1)
-    if layer is not None:
-        _check_alignment_layer(tr, opts.alignment_layer)
+        return total, tr.items(read_lines(opts.input), trunc), trunc
+    split = opts.gen_subset or "test"
+    trunc = tr.truncations(lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}")
+    total, items = split_items(opts.data_dir, split, tr.src_lang, tr.tgt_lang, trunc)
+    if opts.score_reference and not _has_targets(opts.data_dir, split, tr.src_lang, tr.tgt_lang):
+        raise UserError(f"--score-reference: split {split!r} of {opts.data_dir} has no target side "
+                        f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
+    return total, items, trunc
+
+
+def _alignment_layer(opts: GenerateOptions, tr: Translator) -> int | None:
+    """The 0-based decoder layer of --print-alignment (-1: the last), checked; None without it."""
+    if opts.print_alignment is None:
+        return None
+    n = tr.engine.layers("cross")
+    if opts.alignment_layer is not None and opts.alignment_layer > n:
+        raise UserError(f"--alignment-layer {opts.alignment_layer} is out of range: the model has {n} decoder "
+                        f"layers (1..{n})")
     if opts.print_alignment == "words" and tr.task == "parsing":
         raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
                         "use --print-alignment (subword)")
+    return -1 if opts.alignment_layer is None else opts.alignment_layer - 1
+
+
+def _writer(fh, opts: GenerateOptions, tr: Translator, total: int | None) -> Writer:
+    """The output writer; on a parsing data directory one bracketed tree per input line (docs/parsing.md)."""
     text_of = None
-    if manifest.get("task") == "parsing":  # one bracketed tree per input line (docs/parsing.md)
+    if tr.task == "parsing":
         from nmtkit.parsing.pipeline import tree_writer
 
-        text_of = tree_writer(tr.data_dir, manifest, None if opts.input is not None else split, total,
-                              src_dict, tr.src_lang)
+        split = None if opts.input is not None else (opts.gen_subset or "test")
+        text_of = tree_writer(tr.data_dir, tr.manifest, split, total, tr.src_dict, tr.src_lang)
+    return Writer(fh, opts.format, opts.print_scores, tr.search.nbest, tr.src_dict, tr.tgt_dict,
+                  tr.tgt_subword.decode, text_of, score_reference=opts.score_reference,
+                  print_alignment=opts.print_alignment is not None)
 
+
+class _Progress:
+    """The rich bar on stderr (sentences, rate, ETA) when asked for and stderr is a terminal."""
+
+    def __init__(self, enabled: bool, total: int | None):
+        self.bar = _progress(enabled and sys.stderr.isatty(), total)
+        self.total, self.task, self.t0 = total, None, time.perf_counter()
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+            self.task = self.bar.add_task("generate", total=self.total, rate="-")
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None and n:
+            done = self.bar.tasks[0].completed + n
+            rate = done / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.update(self.task, advance=n, rate=f"{rate:,.1f}")
+
+
+def _run_chunk(chunk: list[Item], opts: GenerateOptions, tr: Translator, layer: int | None,
+               progress: _Progress, stats: GenerateStats) -> tuple[dict, dict]:
+    """({index: hypotheses}, {index: alignments}) of one chunk: searched, or scored with
+    --score-reference (the time of that alone is the summary's decode time); then the
+    alignments when asked for (words with --print-alignment words)."""
+    # empty inputs need no model call (scoring still runs them: a source of </s> alone)
+    progress.advance(0 if opts.score_reference else sum(1 for it in chunk if len(it.ids) == 0))
+    td = time.perf_counter()
+    if opts.score_reference:
+        results, aligns = tr.score_items(chunk, alignment_layer=layer, on_batch=progress.advance)
+    else:
+        results, aligns = tr.translate_items(chunk, on_batch=progress.advance), {}
+    stats.decode_seconds += time.perf_counter() - td
+    if layer is not None and not opts.score_reference:
+        aligns = tr.align_items(chunk, results, layer)
+    if opts.print_alignment == "words":
+        for it in chunk:
+            if it.index in aligns:
+                hyps = results.get(it.index, [])
+                aligns[it.index] = [tr.word_alignment(it, h.tokens, a) for h, a in zip(hyps, aligns[it.index])]
+    return results, aligns
+
+
+def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[str], None] | None = None) -> GenerateStats:
+    """Translate `opts`' input with `opts.paths`' model(s); write to `out` (or opts.output)."""
+    from nmtkit.io import output_stream
+
+    t_start = time.perf_counter()
+    opts.validate()
+    warn = warn or warn_stderr
+    tr = open_translator(opts, warn)
+    total, items, trunc = _inputs(opts, tr)
+    layer = _alignment_layer(opts, tr)
     stats = GenerateStats(scored=opts.score_reference)
-    progress = _progress(opts.progress and sys.stderr.isatty(), total)
-    task = None
-    t0 = None
-
-    def on_batch(n: int) -> None:
-        if progress is not None:
-            done = progress.tasks[0].completed + n
-            rate = done / max(time.perf_counter() - t0, 1e-9)
-            progress.update(task, advance=n, rate=f"{rate:,.1f}")
-
     stream = output_stream(opts.output) if out is None else contextlib.nullcontext(out)
-    with stream as fh:
-        writer = Writer(fh, opts.format, opts.print_scores, tr.search.nbest, src_dict, tgt_dict,
-                        tr.tgt_subword.decode, text_of, score_reference=opts.score_reference,
-                        print_alignment=opts.print_alignment is not None)
-        if progress is not None:
-            progress.start()
-            task = progress.add_task("generate", total=total, rate="-")
-        t0 = time.perf_counter()
-        try:
-            for chunk in chunks(items, opts.buffer_size):
-                # empty inputs need no model call (scoring still runs them: a source of </s> alone)
-                empties = 0 if opts.score_reference else sum(1 for it in chunk if len(it.ids) == 0)
-                if progress is not None and empties:
-                    progress.update(task, advance=empties)
-                td = time.perf_counter()
-                aligns: dict = {}
-                if opts.score_reference:
-                    results, aligns = tr.score_items(chunk, alignment_layer=layer, on_batch=on_batch)
-                else:
-                    results = tr.translate_items(chunk, on_batch=on_batch)
-                stats.decode_seconds += time.perf_counter() - td
-                if layer is not None and not opts.score_reference:
-                    aligns = tr.align_items(chunk, results, layer)
-                for it in chunk:
-                    hyps = results.get(it.index, [])
-                    al = aligns.get(it.index)
-                    if al is not None and opts.print_alignment == "words":
-                        al = [tr.word_alignment(it, h.tokens, a) for h, a in zip(hyps, al)]
-                    writer.write(it, hyps, al)
-                    stats.sentences += 1
-                    if hyps:
-                        stats.translated += 1
-                        stats.target_tokens += len(hyps[0].tokens)
-                fh.flush()
-        finally:
-            if progress is not None:
-                progress.stop()
+    with stream as fh, _Progress(opts.progress, total) as progress:
+        writer = _writer(fh, opts, tr, total)
+        for chunk in chunks(items, opts.buffer_size):
+            results, aligns = _run_chunk(chunk, opts, tr, layer, progress, stats)
+            for it in chunk:
+                hyps = results.get(it.index, [])
+                writer.write(it, hyps, aligns.get(it.index))
+                stats.count(hyps)
+            fh.flush()
     trunc.summary()
     stats.truncated = trunc.count
     stats.total_seconds = time.perf_counter() - t_start
@@ -503,13 +455,6 @@ def _has_targets(data_dir: str, split: str, src_lang: str, tgt_lang: str) -> boo
         return len(load_split(data_dir, split, tgt_lang)) == len(load_split(data_dir, split, src_lang))
     except UserError:
         return False
-
-
-def _check_alignment_layer(tr: Translator, layer: int) -> None:
-    """--alignment-layer (1-based) within every model's decoder layers."""
-    n = min(len(m.attention_modules("cross")) for m in tr.models)
-    if layer is not None and layer > n:
-        raise UserError(f"--alignment-layer {layer} is out of range: the model has {n} decoder layers (1..{n})")
 
 
 def _raw_line_count(path: str) -> int:
@@ -555,14 +500,6 @@ def reference_items(tr: Translator, source: str, reference: str, trunc: Truncati
     for _ in gen(check=True):
         pass
     return n_src, gen(check=False)
-
-
-def default_max_len_b(data_dir: str) -> int:
-    """--max-len-b when not given: 50 (the paper's translation), 300 for a parsing data directory
-    (section 6.3: output limit input length + 300; linearized trees are 2-4 tokens per word)."""
-    from nmtkit.data.manifest import load_manifest
-
-    return default_search(load_manifest(data_dir)).max_len_b
 
 
 def _check_output_path(opts: GenerateOptions) -> None:

@@ -5,7 +5,7 @@ split picked with --gen-subset/--index) is paired with a target (--target, the s
 target with --split-target, or by default the model's beam translation), teacher-forced through
 the model with the explicit softmax path (`Translator.attention`), optionally merged from
 subwords into words, and the chosen kind / layer / heads are written as one PNG per sentence
-(`nmtkit.training.attention_plot`), or as one JSON or NPZ file with the arrays and the token
+(`nmtkit.figures.attention`), or as one JSON or NPZ file with the arrays and the token
 strings. Everything is computed and checked before the first file is written, so a bad
 sentence stops the run with nothing half-written.
 """
@@ -21,9 +21,9 @@ import numpy as np
 
 from nmtkit.errors import UserError
 from nmtkit.generation.forced import Attention
-from nmtkit.generation.search import SearchConfig
-from nmtkit.models.loading import PRECISIONS
+from nmtkit.backends.engine import PRECISION_NAMES
 from nmtkit.models.transformer import ATTENTION_KINDS
+from nmtkit.search.config import SearchConfig
 from nmtkit.settings import group, setting
 
 FORMATS = ("png", "json", "npz")
@@ -77,7 +77,7 @@ class AttentionOptions:
     @classmethod
     def from_flags(cls, values: dict) -> "AttentionOptions":
         """The options from the flags: --max-len-b not given depends on the data dir, as in generate."""
-        from nmtkit.generation.generator import default_max_len_b
+        from nmtkit.generation.model_flags import default_max_len_b
         from nmtkit.settings import construct
 
         search = dict(values["search"])
@@ -89,7 +89,7 @@ class AttentionOptions:
         """UserError naming the flag for every impossible combination."""
         for flag, v, allowed in (("--kind", self.kind, ATTENTION_KINDS), ("--level", self.level, LEVELS),
                                  ("--format", self.format, FORMATS), ("--style", self.style, STYLES),
-                                 ("--precision", self.precision, tuple(PRECISIONS))):
+                                 ("--precision", self.precision, PRECISION_NAMES)):
             if v not in allowed:
                 raise UserError(f"{flag} must be one of {', '.join(allowed)}, got {v!r}")
         if self.gen_subset is None:
@@ -149,7 +149,7 @@ def _items(opts: AttentionOptions, tr) -> list[tuple[str, object, str | None]]:
         items = list(tr.items(opts.sources, trunc))
         return [(f"--source {it.index + 1}", it, t) for it, t in zip(items, targets)]
     from nmtkit.data.shards import load_split
-    from nmtkit.generation.translator import Item
+    from nmtkit.generation.items import Item
 
     src = load_split(opts.data_dir, opts.gen_subset, tr.src_lang)
     tgt = load_split(opts.data_dir, opts.gen_subset, tr.tgt_lang) if opts.split_target else None
@@ -165,12 +165,12 @@ def _items(opts: AttentionOptions, tr) -> list[tuple[str, object, str | None]]:
 
 def collect(opts: AttentionOptions, tr) -> tuple[list[Selected], int, list[int]]:
     """The attention of every sentence; (selected per sentence, the layer, the heads), 1-based."""
-    n_layers = len(tr.models[0].attention_modules(opts.kind))
+    n_layers = tr.engine.layers(opts.kind)
     layer = n_layers if opts.layer is None else opts.layer
     if layer > n_layers:
         side = "encoder" if opts.kind == "enc-self" else "decoder"
         raise UserError(f"--layer {layer} is out of range: the model has {n_layers} {side} layers (1..{n_layers})")
-    n_heads = tr.models[0].attention_modules(opts.kind)[0].heads
+    n_heads = tr.engine.heads(opts.kind)
     heads = _heads(opts.heads) or list(range(1, n_heads + 1))
     if max(heads) > n_heads:
         raise UserError(f"--heads {max(heads)} is out of range: the model has {n_heads} heads (1..{n_heads})")
@@ -190,18 +190,22 @@ def collect(opts: AttentionOptions, tr) -> tuple[list[Selected], int, list[int]]
 
 def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
     """Run `nmtkit attention`: compute everything, then write the file(s); returns their paths."""
-    from nmtkit.generation.translator import Translator, prepare_runtime, warn_stderr
+    from nmtkit.backends.engine import RuntimeOptions
+    from nmtkit.backends.registry import check_combination, describe
+    from nmtkit.generation.items import warn_stderr
+    from nmtkit.generation.translator import Translator
 
     opts.validate()
     warn = warn or warn_stderr
     if opts.format == "png":  # before the model is loaded: a missing extra is reported at once
-        from nmtkit.training.attention_plot import import_pyplot
+        from nmtkit.figures.attention import import_pyplot
 
         import_pyplot()
-    device, dtype = prepare_runtime(opts.device, opts.precision, opts.threads, warn)
-    tr = Translator.open([opts.path], opts.data_dir, device, dtype, ema=opts.ema, warn=warn, search=opts.search)
+    source = describe([opts.path], opts.data_dir, check_combination([opts.path], opts.data_dir, ema=opts.ema))
+    tr = Translator.open(source, RuntimeOptions(opts.device, opts.precision, opts.threads, opts.ema), warn=warn,
+                         search=opts.search)
     sentences, layer, heads = collect(opts, tr)
-    n_layers = len(tr.models[0].attention_modules(opts.kind))
+    n_layers = tr.engine.layers(opts.kind)
     out = opts.output_path()
     meta = {"kind": opts.kind, "layer": layer, "layers": n_layers, "heads": heads, "level": opts.level}
     if opts.format == "json":
@@ -214,7 +218,7 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
         return [out]
     if opts.format == "npz":
         return [_write_npz(out, meta, sentences)]
-    from nmtkit.training.attention_plot import draw_heads, draw_lines
+    from nmtkit.figures.attention import draw_heads, draw_lines
 
     paths = [out] if len(sentences) == 1 else [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}")
                                                for i in range(len(sentences))]

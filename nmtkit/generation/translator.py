@@ -22,189 +22,31 @@ What it does with raw text, in order (docs/api.md):
   directory, repaired into a bracketed tree over the sentence's own words (docs/parsing.md).
 
 Search settings have SearchConfig's names and defaults (one place: `SearchConfig`), except
-`max_len_b`, which defaults to 300 on a parsing data directory as in `nmtkit generate`.
+`max_len_b`, which defaults to 300 on a parsing data directory as in `nmtkit generate`, and
+`early_stop`, which is the engine's own rule (fairseq's on CTranslate2).
+
+The model work is an engine's (`nmtkit.backends.engine`): nmtkit's own checkpoints on PyTorch,
+or a directory made by `nmtkit export` on its runtime. `load` is the one opener: it decides once
+what the path is (`nmtkit.backends.registry`) and holds no other branch on the engine; what an
+engine cannot do is refused in one line from what it declares. Importing this module imports no
+torch: an export run by a torch-free engine never loads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from nmtkit.device import keep_freed_cpu_memory, resolve_device
+from nmtkit.backends.engine import Engine, RuntimeOptions
+from nmtkit.backends.registry import ModelSource, check_combination, describe
 from nmtkit.errors import UserError
 from nmtkit.generation import forced
-from nmtkit.generation.search import Hypothesis, SearchConfig, search
-from nmtkit.models.loading import LoadedModels, load_models, precision_dtype
-
-MAX_WARNINGS = 20  # over-long inputs named one by one; beyond that only counted
-DEFAULT_BATCH_SIZE = 128  # sentences per batch when neither batch_size nor max_tokens is given
-_IDS = ("pad", "bos", "eos", "unk")  # SearchConfig fields that come from the target dictionary
-# The search settings a caller may give (SearchConfig's fields without the dictionary's ids).
-SEARCH_SETTINGS = tuple(f.name for f in dataclasses.fields(SearchConfig) if f.name not in _IDS)
-
-
-def warn_stderr(msg: str) -> None:
-    """The default warning sink: one line on stderr, as `nmtkit generate` prints it."""
-    print(f"nmtkit: warning: {msg}", file=sys.stderr)
-
-
-# ---------------------------------------------------------------------------------------------
-# inputs
-
-
-@dataclass
-class Item:
-    """One input sentence."""
-
-    index: int  # 0-based position in the input (line number - 1)
-    ids: np.ndarray  # source dictionary ids without </s>, already truncated to the model limit
-    target_ids: np.ndarray | None = None  # reference (binarized splits only), for T- lines
-    text: str | None = None  # the raw input line (raw text only): a parsing model's tree gets its words
-
-
-class Truncations:
-    """Collects the over-long inputs; names the first MAX_WARNINGS of them as they happen.
-
-    `where(index)` names input `index` (0-based) for the user, e.g. `news.en:12`.
-    """
-
-    def __init__(self, warn: Callable[[str], None], where: Callable[[int], str], what: str, limit: int):
-        self.warn, self.where, self.what, self.limit = warn, where, what, limit
-        self.count = 0
-
-    def __call__(self, index: int, ids: np.ndarray) -> np.ndarray:
-        if len(ids) <= self.limit:
-            return ids
-        self.count += 1
-        if self.count <= MAX_WARNINGS:
-            self.warn(
-                f"{self.where(index)}: {len(ids)} tokens, truncated to {self.limit} "
-                f"(the model accepts {self.limit + 1} source positions including </s>)"
-            )
-        return ids[: self.limit]
-
-    def summary(self) -> None:
-        if self.count > MAX_WARNINGS:
-            self.warn(f"{self.what}: {self.count} inputs in all were truncated ({MAX_WARNINGS} named above)")
-
-
-def make_batches(items: list[Item], max_tokens: int | None, batch_size: int | None) -> list[list[Item]]:
-    """Sort by source length (longest first) and cut into batches.
-
-    A batch holds at most `batch_size` sentences and at most `max_tokens` padded source tokens
-    (rows x longest row, </s> included); a single sentence over `max_tokens` still forms a batch
-    of its own. Empty sentences are left out: they need no model call.
-    """
-    todo = sorted((it for it in items if len(it.ids) > 0), key=lambda it: (-len(it.ids), it.index))
-    batches: list[list[Item]] = []
-    cur: list[Item] = []
-    width = 0
-    for it in todo:
-        w = max(width, len(it.ids) + 1)
-        if cur and (
-            (batch_size is not None and len(cur) + 1 > batch_size)
-            or (max_tokens is not None and w * (len(cur) + 1) > max_tokens)
-        ):
-            batches.append(cur)
-            cur, w = [], len(it.ids) + 1
-        cur.append(it)
-        width = w
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def collate_source(batch: list[Item], eos: int, pad: int) -> torch.Tensor:
-    """(B, S) long: each row `ids + [</s>]`, right-padded (docs/internals.md)."""
-    S = max(len(it.ids) for it in batch) + 1
-    out = np.full((len(batch), S), pad, dtype=np.int64)
-    for r, it in enumerate(batch):
-        n = len(it.ids)
-        out[r, :n] = it.ids
-        out[r, n] = eos
-    return torch.from_numpy(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# settings
-
-
-def prepare_runtime(device: str | torch.device, precision: str | torch.dtype, threads: int,
-                    warn: Callable[[str], None]) -> tuple[torch.device, torch.dtype]:
-    """The process-wide part of loading: CPU threads, the device (checked), the precision's dtype;
-    on CPU, malloc keeps freed memory for the next decoding step (`keep_freed_cpu_memory`).
-
-    A separate step so that `nmtkit generate` keeps its order of checks (device before --output).
-    """
-    dtype = precision_dtype(precision)
-    if threads < 0:
-        raise UserError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
-    if threads:
-        torch.set_num_threads(threads)
-    dev = resolve_device(str(device))
-    if dev.type == "cpu":
-        keep_freed_cpu_memory()  # fewer page faults per decoding step (nmtkit.device)
-    if dev.type == "cpu" and dtype is torch.float16:
-        warn("--precision fp16 on CPU is emulated and slow; bf16 is the fast half precision there")
-    return dev, dtype
-
-
-def default_search(manifest: dict) -> SearchConfig:
-    """SearchConfig's defaults, with the output limit of a parsing data directory (input + 300,
-    the paper's section 6.3) when the manifest says `"task": "parsing"`."""
-    if manifest.get("task") == "parsing":
-        from nmtkit.parsing.pipeline import PARSING_MAX_LEN_B
-
-        return SearchConfig(max_len_b=PARSING_MAX_LEN_B)
-    return SearchConfig()
-
-
-def _check_type(name: str, value) -> None:
-    """Search settings are checked against the type of SearchConfig's default (a str beam would
-    otherwise fail deep inside the search with a comparison error)."""
-    default = getattr(SearchConfig, name)
-    if isinstance(default, bool):
-        ok, kind = isinstance(value, bool), "True or False"
-    elif isinstance(default, int) or default is None:  # seed, max_len_cap: int or None
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (default is None and value is None)
-        kind = "an int" + (" or None" if default is None else "")
-    elif isinstance(default, float):
-        ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-    else:
-        ok, kind = isinstance(value, str), "a str"
-    if not ok:
-        raise UserError(f"search setting {name} must be {kind}, got {value!r}")
-
-
-def apply_search_settings(base: SearchConfig, overrides: dict) -> SearchConfig:
-    """`base` with `overrides` applied, every impossible setting refused as a one-line UserError."""
-    for name, value in overrides.items():
-        if name not in SEARCH_SETTINGS:
-            raise UserError(f"unknown search setting {name!r} (known: {', '.join(SEARCH_SETTINGS)})")
-        _check_type(name, value)
-    try:
-        cfg = dataclasses.replace(base, **overrides)
-    except ValueError as e:  # SearchConfig's own checks
-        raise UserError(f"search settings: {e}") from None
-    if cfg.max_len_a < 0 or cfg.max_len_b < 0:
-        raise UserError(f"search settings: max_len_a and max_len_b must be >= 0, got {cfg.max_len_a} and {cfg.max_len_b}")
-    if cfg.max_len_cap is not None and cfg.max_len_cap < 0:
-        raise UserError(f"search settings: max_len_cap must be >= 0, got {cfg.max_len_cap}")
-    if not cfg.sampling and (cfg.topk or cfg.topp or cfg.temperature != 1.0):
-        raise UserError("search settings: topk, topp and temperature apply only with sampling=True")
-    return cfg
-
-
-def _is_export(path: str) -> bool:
-    from nmtkit.export.directory import is_export_dir
-
-    return is_export_dir(path)
+from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
+from nmtkit.search.config import Hypothesis, SearchConfig, apply_search_settings, default_search
 
 
 def _paths(path) -> list[str]:
@@ -245,32 +87,24 @@ class Translator:
     Build it with `Translator.load`. Not thread-safe: one call at a time.
     """
 
-    def __init__(self, loaded: LoadedModels, *, data_dir: str, manifest: dict, src_dict, tgt_dict, tgt_subword,
-                 device: torch.device, search: SearchConfig, max_tokens: int | None = None,
-                 batch_size: int | None = None, warn: Callable[[str], None] | None = None):
-        self.loaded = loaded
-        self.models = loaded.models
-        self._init_text(data_dir=data_dir, manifest=manifest, src_dict=src_dict, tgt_dict=tgt_dict,
-                        tgt_subword=tgt_subword, device=device, search=search, max_tokens=max_tokens,
-                        batch_size=batch_size, warn=warn)
-
-    def _init_text(self, *, data_dir, manifest: dict, src_dict, tgt_dict, tgt_subword, device, search: SearchConfig,
-                   max_tokens: int | None, batch_size: int | None, warn: Callable[[str], None] | None) -> None:
-        """Everything but the models: dictionaries, subword models, batching and search settings
-        (shared with the CTranslate2-backed subclass, `nmtkit.generation.ct2_translator`)."""
+    def __init__(self, engine: Engine, source: ModelSource, *, src_dict, tgt_dict, tgt_subword, search: SearchConfig,
+                 max_tokens: int | None = None, batch_size: int | None = None,
+                 warn: Callable[[str], None] | None = None):
         for name, v in (("max_tokens", max_tokens), ("batch_size", batch_size)):
             if v is not None and v < 1:
                 raise UserError(f"{name} must be >= 1, got {v}")
-        self.data_dir = str(data_dir)
-        self.manifest = manifest
+        self.engine = engine
+        self.source = source
+        self.data_dir = source.folder  # the data directory, or the export directory's copies of its files
+        self.manifest = manifest = source.manifest
         self.src_lang, self.tgt_lang = manifest["source_lang"], manifest["target_lang"]
         self.task = manifest.get("task", "translation")
         self.src_dict, self.tgt_dict, self.tgt_subword = src_dict, tgt_dict, tgt_subword
-        self.device = device
         self.search = search  # the load-time settings (SearchConfig's names); per call overrides apply on top
         self.max_tokens = max_tokens
         self.batch_size = DEFAULT_BATCH_SIZE if batch_size is None and max_tokens is None else batch_size
         self.warn = warn or warn_stderr
+        self.positional_scores = False  # per-token scores of every hypothesis, even where they cost a pass
         self._src_subword = None
         self._text_of = None
         if self.task == "parsing":  # one bracketed tree per sentence, of its own words (docs/parsing.md)
@@ -278,11 +112,11 @@ class Translator:
 
             self._text_of = tree_writer(self.data_dir, manifest, None, None, src_dict, self.src_lang)
 
-    # -- loading
+    # -- loading: the one opener
 
     @classmethod
     def load(cls, path: str | os.PathLike | Sequence[str | os.PathLike], data_dir: str | os.PathLike | None = None, *,
-             device: str | torch.device = "auto", precision: str = "fp32", ema: bool = False, threads: int = 0,
+             device: str = "auto", precision: str = "fp32", ema: bool = False, threads: int = 0,
              max_tokens: int | None = None, batch_size: int | None = None, quantize: str | None = None,
              warn: Callable[[str], None] | None = None, search: SearchConfig | None = None,
              **search_settings) -> Translator:
@@ -291,9 +125,9 @@ class Translator:
         `data_dir` is required: its dictionaries must be the checkpoints' (checked by sha256, and
         the language pair), and its subword models segment the input and detokenize the output.
         `device`: auto, cpu, cuda, cuda:N or mps; `precision`: fp32, bf16 or fp16; `ema`: the
-        checkpoints' EMA weights; `threads`: torch's CPU threads (0 = leave torch's choice; this
-        is process-wide). `quantize`: "int8" for int8 linear layers on CPU (faster; scores stay
-        fp32; docs/generate.md gives the BLEU cost), None or "none" for the model's own weights.
+        checkpoints' EMA weights; `threads`: the runtime's CPU threads (0 = its default; torch's
+        setting is process-wide). `quantize`: "int8" for int8 linear layers on CPU (faster; scores
+        stay fp32; docs/generate.md gives the BLEU cost), None or "none" for the model's own weights.
         `max_tokens` / `batch_size`: batch limits (default 128 sentences).
         `warn`: where warnings go (default: stderr). `search_settings`: SearchConfig's fields
         (beam, lenpen, lenpen_form, max_len_a, max_len_b, min_len, no_repeat_ngram_size,
@@ -301,79 +135,69 @@ class Translator:
         the defaults of every later call; `search`: a whole SearchConfig to start from instead
         of the defaults.
 
-        `path` may instead be a directory made by `nmtkit export` (without `data_dir`): the
-        result is then a `CTranslate2Translator` (nmtkit.generation.ct2_translator), the same
-        interface running on CTranslate2, with the export's own dictionaries and subword models.
+        `path` may instead be a directory made by `nmtkit export` (without `data_dir`): it is then
+        run by that format's engine (CTranslate2: `nmtkit.backends.ctranslate2.engine`), with the
+        export's own dictionaries and subword models, behind the same interface.
         """
         paths = _paths(path)
-        exported = [p for p in paths if _is_export(p)]
-        if exported:  # a directory made by `nmtkit export`: the CTranslate2 runtime (docs/export.md)
-            if data_dir is not None or len(paths) > 1:
-                raise UserError(f"{exported[0]} is an export directory: it carries its own dictionaries and "
-                                "subword models; load it alone, without data_dir (no ensembles of exports)")
-            if quantize not in (None, "none"):
-                raise UserError(f"quantize: {exported[0]} runs with the weight type chosen when it was exported "
-                                "(nmtkit export --quantization int8)")
-            from nmtkit.generation.ct2_translator import CTranslate2Translator
-
-            return CTranslate2Translator.load(paths[0], device=device, precision=precision, ema=ema,
-                                              threads=threads, max_tokens=max_tokens, batch_size=batch_size,
-                                              warn=warn, search=search, **search_settings)
-        if data_dir is None:
-            raise UserError(
-                "Translator.load: data_dir is required: the data directory the checkpoint was trained "
-                "with (its dictionaries and subword models), unless path is a directory made by nmtkit export"
-            )
-        warn = warn or warn_stderr
-        dev, dtype = prepare_runtime(device, precision, threads, warn)
-        return cls.open(paths, data_dir, dev, dtype, ema=ema, quantize=quantize, max_tokens=max_tokens, batch_size=batch_size,
+        fmt = check_combination(paths, data_dir, ema=ema, quantize=quantize, api=True)
+        options = RuntimeOptions(str(device), precision, threads, ema, quantize)
+        return cls.open(describe(paths, data_dir, fmt), options, max_tokens=max_tokens, batch_size=batch_size,
                         warn=warn, search=search, **search_settings)
 
     @classmethod
-    def open(cls, paths: Sequence[str], data_dir: str | os.PathLike, device: torch.device, dtype: torch.dtype, *,
-             ema: bool = False, quantize: str | None = None, max_tokens: int | None = None,
+    def open(cls, source: ModelSource, options: RuntimeOptions, *, prepared=None, max_tokens: int | None = None,
              batch_size: int | None = None, warn: Callable[[str], None] | None = None,
              search: SearchConfig | None = None, **search_settings) -> Translator:
-        """`load` without its process-wide set-up (threads, device check): for callers that did it
-        already, as `nmtkit generate` does. `device` is a resolved torch.device.
+        """`load` for a model already described (`nmtkit.backends.registry.describe`): the engine's
+        process-wide set-up (`prepared`: its result, when the caller ran it already, as `nmtkit
+        generate` does to check the device before its --output), the search settings, the
+        dictionaries and subword models, then the engine."""
+        warn = warn or warn_stderr
+        if prepared is None:
+            prepared = source.engine.prepare(options, warn)
+        cfg = apply_search_settings(search if search is not None else cls.default_search(source), search_settings)
+        src_dict, tgt_dict = source.dictionaries()
+        tgt_subword = source.subword_model(source.manifest["target_lang"])
+        engine = source.engine.open(source, prepared, src_dict, tgt_dict, options, cfg)
+        tr = cls(engine, source, src_dict=src_dict, tgt_dict=tgt_dict, tgt_subword=tgt_subword, search=cfg,
+                 max_tokens=max_tokens, batch_size=batch_size, warn=warn)
+        tr.search_config()  # a setting the engine cannot honour is refused now, not at the first call
+        return tr
 
-        On CPU the linear layers get prepacked fp32 kernels (or int8 ones with `quantize`):
-        nmtkit.models.quantize."""
-        from nmtkit.data.manifest import load_dictionaries, load_manifest
-        from nmtkit.data.subwords import load_subword_model
-
-        manifest = load_manifest(data_dir)
-        src_lang, tgt_lang = manifest["source_lang"], manifest["target_lang"]
-        cfg = apply_search_settings(search if search is not None else default_search(manifest), search_settings)
-        src_dict, tgt_dict = load_dictionaries(data_dir, manifest)
-        tgt_subword = load_subword_model(data_dir, tgt_lang)
-        loaded = load_models(list(paths), src_dict, tgt_dict, device, dtype, ema=ema, langs=(src_lang, tgt_lang),
-                             quantize=quantize, prepack=True)
-        return cls(loaded, data_dir=str(data_dir), manifest=manifest, src_dict=src_dict, tgt_dict=tgt_dict,
-                   tgt_subword=tgt_subword, device=device, search=cfg, max_tokens=max_tokens,
-                   batch_size=batch_size, warn=warn)
+    @staticmethod
+    def default_search(source: ModelSource) -> SearchConfig:
+        """SearchConfig's defaults for `source`: the output limit of its data (a parsing model's
+        input + 300) and its engine's stopping rule (CTranslate2 has only fairseq's)."""
+        return dataclasses.replace(default_search(source.manifest), early_stop=source.engine.default_early_stop)
 
     # -- properties
+
+    @property
+    def device(self) -> str:
+        return self.engine.device
 
     @property
     def src_subword(self):
         """The source subword model (loaded on first use: a binarized split never needs it)."""
         if self._src_subword is None:
-            from nmtkit.data.subwords import load_subword_model
-
-            self._src_subword = load_subword_model(self.data_dir, self.src_lang)
+            self._src_subword = self.source.subword_model(self.src_lang)
         return self._src_subword
 
     @property
     def max_source_tokens(self) -> int:
         """Source tokens (without </s>) that every model accepts; longer inputs are truncated."""
-        return self.loaded.max_source_tokens
+        return self.engine.max_source_tokens
 
     def search_config(self, **overrides) -> SearchConfig:
         """The complete SearchConfig a call runs with: the load-time settings with `overrides`,
-        the target dictionary's special ids, and the output limit capped by the models' positions."""
+        the target dictionary's special ids, and the output limit capped by the models' positions.
+        A setting the engine cannot honour is refused here, in the engine's one line."""
         cfg = apply_search_settings(self.search, overrides) if overrides else self.search
-        top = self.loaded.max_target_tokens
+        refusal = self.engine.unsupported(cfg)
+        if refusal is not None:
+            raise UserError(refusal)
+        top = self.engine.max_target_tokens
         cap = top if cfg.max_len_cap is None else min(cfg.max_len_cap, top)
         t = self.tgt_dict
         return dataclasses.replace(cfg, max_len_cap=cap, pad=t.pad, bos=t.bos, eos=t.eos, unk=t.unk)
@@ -427,8 +251,8 @@ class Translator:
         cfg = self.search_config(**search_settings)
         results: dict[int, list[Hypothesis]] = {}
         for batch in make_batches(list(items), self.max_tokens, self.batch_size):
-            src = collate_source(batch, self.src_dict.eos, self.src_dict.pad).to(self.device)  # (B, S)
-            for it, hyps in zip(batch, search(self.models, src, cfg)):
+            found = self.engine.search([it.ids for it in batch], cfg, self.positional_scores)
+            for it, hyps in zip(batch, found):
                 results[it.index] = hyps
             if on_batch is not None:
                 on_batch(len(batch))
@@ -486,22 +310,22 @@ class Translator:
             shown = ", ".join(repr(p) for p in dict.fromkeys(unknown[:5]))
             raise UserError(f"{where}: target token(s) {shown} not in the target dictionary "
                             f"({len(self.tgt_dict)} symbols); a score or an alignment of <unk> says nothing")
-        limit = self.loaded.max_target_tokens
+        limit = self.engine.max_target_tokens
         if len(ids) > limit:
             raise UserError(f"{where}: the target has {len(ids)} tokens; the model accepts at most {limit}")
         return ids
 
-    def _own_models(self, what: str) -> None:
-        """UserError unless this translator runs nmtkit's own models: forced decoding and attention
-        read them directly (a translator without them, like one of an export directory run by
-        CTranslate2, has none to read)."""
-        if not self.models:
+    def _needs_forced(self, what: str) -> None:
+        """UserError unless the engine can teacher-force given targets (scores, alignments and
+        attention weights): the one place where that support is asked."""
+        if not self.engine.forced:
             raise UserError(f"{what} needs nmtkit's own model: load the checkpoint and its data directory "
-                            "(an export directory is run by CTranslate2, which exposes no attention or forced scores)")
+                            f"(an export directory is run by {self.engine.display}, which exposes no attention "
+                            "or forced scores)")
 
     def _layer(self, layer: int, kind: str = "cross") -> int:
         """A 0-based (negative: from the top) layer index checked against every model."""
-        n = min(len(m.attention_modules(kind)) for m in self.models)
+        n = self.engine.layers(kind)
         if not -n <= layer < n:
             raise UserError(f"{kind} attention layer {layer} (0-based) is out of range: the model has {n} layers")
         return layer
@@ -517,9 +341,8 @@ class Translator:
         hypothesis fed back gets the score the search reported (unk_penalty and the search's
         length rules are not applied: this is the model's probability of the given text).
         """
-        self._own_models("scoring given translations")
+        self._needs_forced("scoring given translations")
         cfg = self.search_config()
-        t = self.tgt_dict
         layer = None if alignment_layer is None else self._layer(alignment_layer)
         scores: dict[int, list[Hypothesis]] = {}
         aligns: dict[int, list[list[tuple[int, int]]]] = {}
@@ -529,10 +352,8 @@ class Translator:
         empty = [it for it in todo if len(it.ids) == 0]
         batches = make_batches(todo, self.max_tokens, self.batch_size) + ([empty] if empty else [])
         for batch in batches:
-            src = collate_source(batch, self.src_dict.eos, self.src_dict.pad).to(self.device)  # (B, S)
             targets = [[int(x) for x in it.target_ids] for it in batch]
-            lp, attn = forced.forced_pass(self.models, src, targets, bos=t.bos, eos=t.eos, pad=t.pad,
-                                          cross_layer=layer)
+            lp, attn = self.engine.forced_pass([it.ids for it in batch], targets, cross_layer=layer)
             for r, (it, tgt) in enumerate(zip(batch, targets)):
                 ps = forced.pair_score(lp[r, :len(tgt) + 1].tolist(), cfg.lenpen, cfg.lenpen_form)
                 scores[it.index] = [Hypothesis(tgt, ps.score, ps.logprob, ps.positional_scores)]
@@ -547,16 +368,14 @@ class Translator:
         """Subword alignments (source, target) of each item's hypotheses (`translate_items`'s
         results), from the head-averaged cross-attention of decoder `layer` (0-based, -1 = the
         last, as fairseq), averaged over an ensemble's models: one teacher-forced pass per batch."""
-        self._own_models("alignments")
+        self._needs_forced("alignments")
         layer = self._layer(layer)
-        t = self.tgt_dict
         out: dict[int, list[list[tuple[int, int]]]] = {}
         todo = [it for it in items if results.get(it.index)]
         for batch in make_batches(todo, self.max_tokens, self.batch_size):
             rows = [(it, h) for it in batch for h in results[it.index]]
-            src = collate_source([it for it, _ in rows], self.src_dict.eos, self.src_dict.pad).to(self.device)
-            _, attn = forced.forced_pass(self.models, src, [h.tokens for _, h in rows], bos=t.bos, eos=t.eos,
-                                         pad=t.pad, cross_layer=layer, want_scores=False)
+            _, attn = self.engine.forced_pass([it.ids for it, _ in rows], [h.tokens for _, h in rows],
+                                              cross_layer=layer, want_scores=False)
             for r, (it, h) in enumerate(rows):
                 out.setdefault(it.index, []).append(forced.hard_alignment(attn[r], len(it.ids), len(h.tokens)))
         return out
@@ -589,7 +408,7 @@ class Translator:
         a target piece outside the dictionary or lists of different lengths are UserErrors (an
         empty target is the empty translation).
         """
-        self._own_models("score")
+        self._needs_forced("score")
         if isinstance(sources, str) or isinstance(targets, str):
             raise UserError("score takes two lists of sentences; wrap single ones: score([src], [tgt])")
         sources, targets = list(sources), list(targets)
@@ -614,7 +433,7 @@ class Translator:
         else the model's own best translation (search settings as in `translate`, overridable
         here). One model only (load one checkpoint). See `nmtkit.generation.forced.Attention`:
         per-layer, per-head arrays with the token strings; `.words()` merges subwords."""
-        self._own_models("attention")
+        self._needs_forced("attention")
         if not isinstance(src, str) or (tgt is not None and not isinstance(tgt, str)):
             raise UserError("attention takes one source sentence (a str) and optionally one target (a str)")
         (item,) = self.encode([src])
@@ -625,9 +444,9 @@ class Translator:
         """`attention` for an Item (raw text from `encode`, or a binarized split's): the target is
         `tgt` (raw text), else the item's `target_ids`, else the model's own translation. Errors
         name the sentence as `where` (and a bad target as `target_where`)."""
-        self._own_models("attention")
-        if len(self.models) > 1:
-            raise UserError(f"attention is per model: this translator holds {len(self.models)}; load one checkpoint")
+        self._needs_forced("attention")
+        if len(self.source.paths) > 1:
+            raise UserError(f"attention is per model: this translator holds {len(self.source.paths)}; load one checkpoint")
         if len(item.ids) == 0:
             raise UserError(f"{where}: empty source sentence")
         if tgt is not None:
@@ -639,17 +458,9 @@ class Translator:
         return self._attention_of(item, tokens, given=tgt is not None or item.target_ids is not None)
 
     def _attention_of(self, item: Item, tokens: list[int], given: bool) -> forced.Attention:
-        model, t = self.models[0], self.tgt_dict
-        src = collate_source([item], self.src_dict.eos, self.src_dict.pad).to(self.device)  # (1, S)
-        prev, out = forced.collate_targets([tokens], t.bos, t.eos, t.pad)
-        with torch.inference_mode():
-            logits, w = model.forward_with_attention(src, prev.to(self.device))
-        lp = torch.log_softmax(logits[0].float(), dim=-1).gather(1, out[0].to(self.device)[:, None]).view(-1)
+        t = self.tgt_dict
+        lp, w = self.engine.attention(item.ids, tokens)
         cfg = self.search_config()
-
-        def stack(kind: str) -> np.ndarray:  # (layers, heads, rows, cols) of the one sentence
-            return torch.stack([w[kind][i][0] for i in sorted(w[kind])]).cpu().numpy()
-
         src_pieces = self.source_pieces(item)
         tgt_pieces = [t[i] for i in tokens]
         sw = forced.word_index(src_pieces, self.src_subword.kind)
@@ -659,13 +470,13 @@ class Translator:
         return forced.Attention(
             source_tokens=src_pieces + [eos], target_tokens=tgt_pieces + [eos],
             decoder_inputs=[forced.BOS_SYMBOL] + tgt_pieces,
-            enc_self=stack("enc-self"), dec_self=stack("dec-self"), cross=stack("cross"),
-            score=forced.pair_score(lp.tolist(), cfg.lenpen, cfg.lenpen_form), target_given=given,
+            enc_self=w["enc-self"], dec_self=w["dec-self"], cross=w["cross"],
+            score=forced.pair_score(lp, cfg.lenpen, cfg.lenpen_form), target_given=given,
             source_word_of=sw + [n_sw], target_word_of=tw + [n_tw],
             source_words=forced.word_strings(src_pieces, sw, self.src_subword.decode) + [eos],
             target_words=forced.word_strings(tgt_pieces, tw, self.tgt_subword.decode) + [eos],
         )
 
     def __repr__(self) -> str:
-        return (f"Translator({len(self.models)} model(s) {self.loaded.paths}, {self.src_lang}->{self.tgt_lang}, "
-                f"{self.task}, device={self.device}, beam={self.search.beam})")
+        return (f"Translator({self.engine!r}, {self.src_lang}->{self.tgt_lang}, {self.task}, "
+                f"device={self.device}, beam={self.search.beam})")

@@ -11,8 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmtkit.errors import UserError
-from nmtkit.generation.generator import GenerateOptions, check_model_options, search_flag_defaults
-from nmtkit.generation.search import SearchConfig
+from nmtkit.generation.generator import (
+    GenerateOptions,
+    check_model_options,
+    search_flag_defaults,
+)
+from nmtkit.search.config import SearchConfig
 from nmtkit.settings import construct, group, same_setting, setting
 
 SERVER = "Server"

@@ -62,27 +62,22 @@ def path_sha256(path: str) -> str:
 def load_translator(opts: ServeOptions, warn: Callable[[str], None]) -> Any:
     """The translator `nmtkit serve` uses: `Translator.load` with generate's model flags, the
     search flags as defaults, and the batch limits."""
+    from nmtkit.generation.model_flags import model_source, runtime_options
     from nmtkit.generation.translator import Translator
 
-    path = opts.paths[0] if len(opts.paths) == 1 else opts.paths
-    # an export directory (data_dir None) has its weight type fixed at export: no --quantize
-    extra = {"quantize": opts.quantize} if opts.data_dir is not None else {}
-    return Translator.load(path, opts.data_dir, device=opts.device, precision=opts.precision, ema=opts.ema,
-                           threads=opts.threads, batch_size=opts.max_batch_sentences,
-                           max_tokens=opts.max_batch_tokens, warn=warn, search=opts.search, **extra)
+    return Translator.open(model_source(opts), runtime_options(opts), batch_size=opts.max_batch_sentences,
+                           max_tokens=opts.max_batch_tokens, warn=warn, search=opts.search)
 
 
 def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) -> dict:
     """GET /info's answer."""
     from nmtkit import __version__
-    from nmtkit.generation.translator import SEARCH_SETTINGS
+    from nmtkit.search.config import SEARCH_SETTINGS
 
-    exported = tr.loaded is None  # an export directory, run by CTranslate2 (CTranslate2Translator)
-    archs = [tr.arch.to_dict()] if exported else [c.to_dict() for c in tr.loaded.configs]
     return {
         "nmtkit": __version__,
-        "model": {"paths": list(opts.paths), "sha256": sha256s, "ema": opts.ema, "architecture": archs,
-                  "runtime": "ctranslate2" if exported else "nmtkit"},
+        "model": {"paths": list(opts.paths), "sha256": sha256s, "ema": opts.ema,
+                  "architecture": tr.engine.architectures(), "runtime": tr.engine.name},
         "source_lang": tr.src_lang, "target_lang": tr.tgt_lang, "task": tr.task,
         "device": str(tr.device), "precision": opts.precision,
         "defaults": {name: getattr(tr.search, name) for name in SEARCH_SETTINGS},
@@ -222,7 +217,7 @@ class _Uvicorn:
 
 def serve(opts: ServeOptions) -> None:
     """`nmtkit serve`: the flags' server, until SIGTERM/SIGINT."""
-    from nmtkit.generation.translator import prepare_runtime
+    from nmtkit.generation.model_flags import model_source, runtime_options
 
     require_extra()
     opts.validate()
@@ -232,7 +227,8 @@ def serve(opts: ServeOptions) -> None:
         require_exists(p)
     if opts.data_dir is not None:
         load_manifest(opts.data_dir)  # "data directory not found: ...", or not one nmtkit made
-    prepare_runtime(opts.device, opts.precision, opts.threads, lambda msg: None)  # device errors first
+    # device errors first, and an export directory's damage (its description and checksums)
+    model_source(opts).engine.prepare(runtime_options(opts), lambda msg: None)
     server = Server(opts)
     server.bind()
     server.run()

@@ -191,7 +191,7 @@ class TrainConfig:
             non_negative(name)
         positive("eval_bleu_beam")
         non_negative("eval_bleu_max_len_a")
-        from nmtkit.generation.search import check_lenpen
+        from nmtkit.search.config import check_lenpen
 
         check_lenpen(self.eval_bleu_lenpen, "--eval-bleu-lenpen")
         non_negative("eval_bleu_max_len_b")

@@ -98,7 +98,7 @@ class Validator:
         """Corpus sacreBLEU (13a, cased) of decoded valid sources against the valid targets."""
         import sacrebleu
 
-        from nmtkit.generation.search import SearchConfig, search
+        from nmtkit.search.beam import SearchConfig, search
 
         was_training = model.training
         model.eval()

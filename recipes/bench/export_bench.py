@@ -5,7 +5,7 @@ Exports CKPT (float32 and int8) with `nmtkit export`, then translates Multi30k t
 configurations alternating within each round so that a drifting, shared machine affects all of
 them alike. Prints, per configuration, sentences/s of the whole process and of the search alone
 (the summary line of `generate`), peak RSS, sacreBLEU, and the lines identical to native's; and
-the issue's check: CTranslate2 float32 (`--lenpen-form fairseq --max-len-a 0 --max-len-b 256`)
+the export check: CTranslate2 float32 (`--lenpen-form fairseq --max-len-a 0 --max-len-b 256`)
 against native generate with the same flags, with the default and with fairseq's stopping rule.
 Called by recipes/bench/export.sh, which documents the variables (docs/export.md has results).
 """
@@ -93,7 +93,7 @@ def main() -> None:
               f"{r['search_sent_s']:.1f} | {ratio:.2f}x | {r['peak_rss_mib']:.0f} | {r['bleu']:.2f} | "
               f"{r['same_as_native']} |")
 
-    # The issue's check: the export's output against native generate with the same flags.
+    # The export check: the export's output against native generate with the same flags.
     flags = ["--lenpen-form", "fairseq", "--max-len-a", "0", "--max-len-b", "256", "--input", a.src, "--quiet",
              "--threads", "1", "--device", "cpu"]
     outs = {}
@@ -104,7 +104,7 @@ def main() -> None:
         outs[name] = p.stdout.splitlines()
     check = {name: sum(x == y for x, y in zip(outs["ct2"], outs[name])) for name in ("native", "native-beam")}
     bleu = {name: sacrebleu.corpus_bleu(o, [refs]).score for name, o in outs.items()}
-    print(f"\nissue check (float32 export, --lenpen-form fairseq --max-len-a 0 --max-len-b 256): identical lines "
+    print(f"\nexport check (float32 export, --lenpen-form fairseq --max-len-a 0 --max-len-b 256): identical lines "
           f"{check['native']}/{len(refs)} vs native generate (--early-stop bound, its default), "
           f"{check['native-beam']}/{len(refs)} vs native --early-stop beam; BLEU ct2 {bleu['ct2']:.2f}, native "
           f"{bleu['native']:.2f}, native-beam {bleu['native-beam']:.2f}")

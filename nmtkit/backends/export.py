@@ -5,11 +5,14 @@ Steps, each refusing bad input before any work is written:
    earlier export replaced with --force; never a folder holding an input);
 2. the data directory's manifest and dictionaries, and the checkpoint through the one loader
    (`nmtkit.models.loading.load_models`: dictionary and language checks, `--ema` weights);
-3. the runtime's conversion (`nmtkit.export.ctranslate2`), which refuses an architecture it
-   cannot represent in one line naming the setting;
+3. the format's conversion (`nmtkit.backends.FORMAT.convert.export_model`, e.g. CTranslate2's),
+   which refuses an architecture it cannot represent in one line naming the setting;
 4. the data directory's dictionaries and subword model(s) copied beside it, and `nmtkit.json`
    written last, all in a temporary folder renamed to --output at the end
-   (`nmtkit.export.directory`).
+   (`nmtkit.backends.directory`).
+
+The formats are the registered ones (`nmtkit.backends.registry.FORMATS`); this job knows none of
+them by name.
 """
 
 from __future__ import annotations
@@ -17,15 +20,13 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
+from nmtkit.backends.registry import FORMATS, format_module
 from nmtkit.errors import UserError
-from nmtkit.export.ctranslate2 import QUANTIZATIONS
 from nmtkit.settings import setting
-
-FORMATS = ("ctranslate2",)  # one module of nmtkit.export per runtime
 
 
 @dataclass
@@ -35,7 +36,7 @@ class ExportOptions:
     data_dir: str = setting(flag="data_dir", argument=True, help="The data directory the checkpoint was trained with (dictionaries, subword model).")
     path: str = setting(flag="--path", help="Checkpoint to export (an averaged one works as is).")
     output: str = setting(flag="--output", aliases=("-o",), help="The directory to create (atomically).")
-    format: str = setting("ctranslate2", flag="--format", help="Runtime to export for: ctranslate2.")
+    format: str = setting(next(iter(FORMATS)), flag="--format", help=f"Runtime to export for: {', '.join(FORMATS)}.")
     quantization: str = setting("float32", flag="--quantization", help="Weight type: float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16.")
     ema: bool = setting(False, flag="--ema", help="Export the checkpoint's EMA weights instead of the raw weights.")
     force: bool = setting(False, flag="--force", help="Replace --output if it is an earlier export.")
@@ -44,8 +45,9 @@ class ExportOptions:
         """UserError naming the flag for every impossible setting."""
         if self.format not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.quantization not in QUANTIZATIONS:
-            raise UserError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        quantizations = format_module(self.format, "convert").QUANTIZATIONS
+        if self.quantization not in quantizations:
+            raise UserError(f"--quantization must be one of {', '.join(quantizations)}, got {self.quantization!r}")
 
 
 @dataclass
@@ -71,64 +73,77 @@ def sha256_of(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def _checkpoint_meta(path: str) -> dict:
+    """What nmtkit.json records of the source checkpoint besides its weights."""
+    from nmtkit.checkpoints import load_checkpoint
+
+    state = load_checkpoint(path)
+    meta = {k: state.get(k) for k in ("arch", "update", "epoch", "averaged_from", "data_manifest_id")}
+    return {"file": str(path), "sha256": sha256_of(path), **meta}
+
+
+def _description(opts: ExportOptions, runtime: dict, files: list[str], cfg, meta: dict, manifest: dict,
+                 names: list[str]) -> dict:
+    """nmtkit.json's content (docs/export.md), without the format fields `write_info` adds."""
+    from nmtkit import __version__
+    from nmtkit.backends.directory import data_section
+
+    return {
+        "nmtkit_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "runtime": {"name": opts.format, **runtime, "quantization": opts.quantization, "files": files},
+        "arch": meta["arch"],
+        "arch_config": cfg.to_dict(),
+        "source_lang": manifest["source_lang"],
+        "target_lang": manifest["target_lang"],
+        "task": manifest.get("task", "translation"),
+        "checkpoint": {
+            "file": meta["file"],
+            "sha256": meta["sha256"],
+            "ema": opts.ema,
+            "update": meta["update"],
+            "epoch": meta["epoch"],
+            "averaged_from": meta["averaged_from"],
+            "data_manifest_id": meta["data_manifest_id"],
+        },
+        "data": data_section(manifest, names),
+    }
+
+
 def export(opts: ExportOptions, status=None) -> ExportResult:
     """Run the export; `status(msg)` (optional) is told what is happening (a spinner's text)."""
-    from nmtkit import __version__
-    from nmtkit.checkpoints import load_checkpoint
+    from nmtkit.backends.directory import atomic_directory, check_output, data_files, write_info
     from nmtkit.data.manifest import load_dictionaries, load_manifest, verify_files
-    from nmtkit.export import ctranslate2 as rt
-    from nmtkit.export.directory import atomic_directory, check_output, data_files, data_section, write_info
     from nmtkit.models.loading import load_models
 
     t0 = time.perf_counter()
     say = status or (lambda msg: None)
     opts.validate()
-    ct2 = rt.import_ctranslate2()
+    convert = format_module(opts.format, "convert")
+    convert.import_runtime()
     out = check_output(opts.output, opts.force, [("DATA_DIR", opts.data_dir), ("--path", opts.path)])
 
     say("loading the data directory and the checkpoint")
     manifest = load_manifest(opts.data_dir)
-    src_lang, tgt_lang = manifest["source_lang"], manifest["target_lang"]
     names = data_files(manifest)
     verify_files(opts.data_dir, manifest, names)
     src_dict, tgt_dict = load_dictionaries(opts.data_dir, manifest)
-    state = load_checkpoint(opts.path)
-    meta = {k: state.get(k) for k in ("arch", "update", "epoch", "averaged_from", "data_manifest_id")}
-    del state
-    loaded = load_models([opts.path], src_dict, tgt_dict, "cpu", "fp32", ema=opts.ema, langs=(src_lang, tgt_lang))
+    meta = _checkpoint_meta(opts.path)
+    loaded = load_models([opts.path], src_dict, tgt_dict, "cpu", "fp32", ema=opts.ema,
+                         langs=(manifest["source_lang"], manifest["target_lang"]))
     model, cfg = loaded.models[0], loaded.configs[0]
+    del loaded
 
     say("converting")
-    spec = rt.build_spec(model, [src_dict[i] for i in range(len(src_dict))],
-                         [tgt_dict[i] for i in range(len(tgt_dict))])
-    del loaded, model
     with atomic_directory(out) as tmp:
-        rt.convert(spec, str(tmp), opts.quantization)
+        runtime = convert.export_model(model, [src_dict[i] for i in range(len(src_dict))],
+                                       [tgt_dict[i] for i in range(len(tgt_dict))], tmp, opts.quantization)
+        del model
         runtime_files = sorted(p.name for p in tmp.iterdir())
         for name in names:
             shutil.copy2(Path(opts.data_dir) / name, tmp / name)
         verify_files(tmp, {"files": {n: manifest["files"][n] for n in names if n in manifest["files"]}})
-        info = {
-            "nmtkit_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "runtime": {"name": opts.format, "version": ct2.__version__, "quantization": opts.quantization,
-                        "files": runtime_files},
-            "arch": meta["arch"],
-            "arch_config": cfg.to_dict(),
-            "source_lang": src_lang,
-            "target_lang": tgt_lang,
-            "task": manifest.get("task", "translation"),
-            "checkpoint": {
-                "file": str(opts.path),
-                "sha256": sha256_of(opts.path),
-                "ema": opts.ema,
-                "update": meta["update"],
-                "epoch": meta["epoch"],
-                "averaged_from": meta["averaged_from"],
-                "data_manifest_id": meta["data_manifest_id"],
-            },
-            "data": data_section(manifest, names),
-        }
+        info = _description(opts, runtime, runtime_files, cfg, meta, manifest, names)
         write_info(tmp, info)
         size = sum(p.stat().st_size for p in tmp.iterdir())
     return ExportResult(out, {"format": "nmtkit-export", **info}, size, time.perf_counter() - t0)

@@ -1,7 +1,7 @@
 """Attention pictures (`nmtkit attention`): one PNG per sentence, a grid of heads of one layer.
 
-Beside `plot.py` (training curves): both are matplotlib figures written atomically, and
-matplotlib is the optional `plot` extra, imported only here, when a figure is drawn. The arrays
+Beside `curves.py` (training curves): both are matplotlib figures written atomically, and
+matplotlib is the optional `plot` extra, imported only when a figure is drawn. The arrays
 come from `nmtkit.generation.forced.Attention`; this module knows no model.
 
 The paper's appendix (Figures 3-5) shows single heads of encoder self-attention in layer 5 of 6

@@ -45,13 +45,9 @@ def is_export_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and (p / INFO_NAME).is_file()
 
 
-def load_export(path: str | os.PathLike) -> dict:
-    """Read and check `DIR/nmtkit.json`; every copied data file is checked against its sha256.
-
-    UserError (one line naming the file) for a missing, foreign, newer or damaged directory.
-    """
-    from nmtkit.data.manifest import verify_files
-
+def read_info(path: str | os.PathLike) -> dict:
+    """Read and check `DIR/nmtkit.json` alone (what the directory is, its runtime among it);
+    UserError (one line naming the file) for a missing, foreign, newer or incomplete description."""
     d = Path(path)
     p = d / INFO_NAME
     if not p.is_file():
@@ -65,6 +61,16 @@ def load_export(path: str | os.PathLike) -> dict:
     for key in ("runtime", "arch_config", "data"):
         if not isinstance(info.get(key), dict):
             raise UserError(f"{p}: incomplete export description (no {key!r})")
+    return info
+
+
+def load_export(path: str | os.PathLike) -> dict:
+    """`read_info`, then the directory's files: the runtime's present, every copied data file
+    checked against its sha256. UserError (one line naming the file) for a damaged directory."""
+    from nmtkit.data.manifest import verify_files
+
+    d = Path(path)
+    info = read_info(d)
     for name in info["runtime"].get("files", []):
         if not (d / name).is_file():
             raise UserError(f"{d / name}: missing (listed in {INFO_NAME}); export the model again")

@@ -36,6 +36,7 @@ from nmtkit.errors import UserError
 
 INSTALL_HINT = "pip install 'nmtkit[ctranslate2]'"
 # Converter.convert's quantization names (`nmtkit export --quantization`).
+DEFAULT_QUANTIZATION = "float32"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmtkit's model uses
 
@@ -47,6 +48,9 @@ def import_ctranslate2():
     except ImportError:
         raise UserError(f"the CTranslate2 runtime is not installed: {INSTALL_HINT}") from None
     return ctranslate2
+
+
+import_runtime = import_ctranslate2  # the name `nmtkit.backends.export` calls in every format
 
 
 # ArchConfig fields the conversion handles (every one today). A field added later is refused
@@ -230,3 +234,11 @@ def convert(spec, output_dir: str, quantization: str) -> None:
     except (ValueError, NotImplementedError) as e:  # the spec's own checks: a bug of ours or an odd model
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"CTranslate2 refused the converted model: {first}") from None
+
+
+def export_model(model, src_tokens: list[str], tgt_tokens: list[str], folder, quantization: str) -> dict:
+    """Write `model` (a loaded nmtkit `Transformer`) as a CTranslate2 model into the new folder
+    `folder`; returns what nmtkit.json records of the runtime (its version)."""
+    ct2 = import_ctranslate2()
+    convert(build_spec(model, src_tokens, tgt_tokens), str(folder), quantization)
+    return {"version": ct2.__version__}

@@ -27,113 +27,23 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from nmtkit.settings import SettingError, check_numbers, setting
-
-# docs/internals.md: Dictionary reserves these ids in this order.
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
-
-LENPEN_FORMS = ("gnmt", "fairseq")
-# |alpha| above this overflows the length penalty in float32 on long outputs (fairseq form:
-# 4096^10 = 1.3e36; ^20 would be inf) and is far from any useful value (the paper: 0.6).
-LENPEN_LIMIT = 10.0
-EARLY_STOP = ("bound", "beam", "none")
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """Every knob of the search; the fields with `setting(...)` are `nmtkit generate`'s flags."""
-
-    beam: int = setting(4, flag="--beam", help="Beam size; 1 = greedy search; with --sampling the number of samples.")
-    lenpen: float = setting(0.6, flag="--lenpen", help="Length penalty exponent alpha (0 = none).")
-    # "gnmt": ((5+|Y|)/6)^alpha (t2t, the paper); "fairseq": |Y|^alpha
-    lenpen_form: str = setting("gnmt", flag="--lenpen-form", help="gnmt: ((5+|Y|)/6)^alpha (paper, tensor2tensor); fairseq: |Y|^alpha.")
-    max_len_a: float = setting(1.0, flag="--max-len-a", help="Output limit a*src_len+b tokens (before </s>): a.")
-    # not given on the command line: GenerateOptions.from_flags decides (300 for a parsing data dir)
-    max_len_b: int = setting(50, flag="--max-len-b", unset=True, show_default=False, help="Output limit a*src_len+b tokens (before </s>): b [default: 50; 300 for a parsing data dir].")
-    min_len: int = setting(0, flag="--min-len", help="Minimum output tokens before </s>.")
-    no_repeat_ngram_size: int = setting(0, flag="--no-repeat-ngram-size", help="Never repeat an n-gram of this size in a hypothesis (0 = off).")
-    unk_penalty: float = setting(0.0, flag="--unk-penalty", help="Subtracted from the log-prob of <unk> (negative: a reward).")
-    nbest: int = setting(1, flag="--nbest", help="Hypotheses to output per sentence (<= --beam).")
-    # When a sentence's beam search stops (docs/generate.md): "bound" (exact: no live hypothesis
-    # can still beat the nbest finished ones; tensor2tensor's rule, per sentence), "beam"
-    # (fairseq's: `beam` finished hypotheses, admitting only </s> extensions that rank among
-    # the step's `beam` best candidates) or "none" (decode to the output limit).
-    # not given on the command line: GenerateOptions.from_flags decides ("beam" on an export directory)
-    early_stop: str = setting("bound", flag="--early-stop", unset=True, show_default=False, help="When a sentence stops: bound (exact: no live hypothesis can still win; tensor2tensor), beam (fairseq: once --beam hypotheses finished; faster, not exact) or none (at the output limit) [default: bound; beam on an export directory].")
-    # Sampling (a bonus): `beam` independent samples per sentence instead of a beam.
-    sampling: bool = setting(False, flag="--sampling", help="Sample instead of searching (--beam samples per sentence).")
-    topk: int = setting(0, flag="--topk", help="Sampling: only from the k most likely tokens (0 = off).")
-    topp: float = setting(0.0, flag="--topp", help="Sampling: only from the smallest set with probability >= p (0 = off).")
-    temperature: float = setting(1.0, flag="--temperature", help="Sampling: divide log-probs by this before sampling.")
-    # Library-only fields (no flags of their own): `generate` sets them (seed from --seed).
-    seed: int | None = None
-    # Hard cap on generated tokens before </s> (the model's target position limit).
-    max_len_cap: int | None = None
-    pad: int = PAD
-    bos: int = BOS
-    eos: int = EOS
-    unk: int = UNK
-
-    def __post_init__(self) -> None:
-        """Refuse an impossible search with a SettingError (a UserError naming the flag, and the
-        ValueError library callers catch)."""
-        check_numbers(self)
-        check_lenpen(self.lenpen, "--lenpen")
-        if self.beam < 1:
-            raise SettingError(f"--beam must be >= 1, got {self.beam}")
-        if self.nbest < 1:
-            raise SettingError(f"--nbest must be >= 1, got {self.nbest}")
-        if self.nbest > self.beam:
-            what = "samples (--beam) drawn with --sampling" if self.sampling else "--beam"
-            raise SettingError(f"--nbest {self.nbest} exceeds the {what} {self.beam}; raise --beam")
-        if self.lenpen_form not in LENPEN_FORMS:
-            raise SettingError(f"--lenpen-form must be gnmt or fairseq, got {self.lenpen_form!r}")
-        if self.early_stop not in EARLY_STOP:
-            raise SettingError(f"--early-stop must be bound, beam or none, got {self.early_stop!r}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise SettingError(f"--max-len-a and --max-len-b must be >= 0, got {self.max_len_a} and {self.max_len_b}")
-        if self.min_len < 0:
-            raise SettingError(f"--min-len must be >= 0, got {self.min_len}")
-        if self.no_repeat_ngram_size < 0:
-            raise SettingError(f"--no-repeat-ngram-size must be >= 0, got {self.no_repeat_ngram_size}")
-        if self.topk < 0:
-            raise SettingError(f"--topk must be >= 0 (0 = off), got {self.topk}")
-        if not 0.0 <= self.topp <= 1.0:
-            raise SettingError(f"--topp must be in [0, 1] (0 = off), got {self.topp}")
-        if self.temperature <= 0:
-            raise SettingError(f"--temperature must be > 0, got {self.temperature}")
-
-
-@dataclass
-class Hypothesis:
-    """One output sequence with its scores (natural-log probabilities)."""
-
-    tokens: list[int]  # generated ids, without the final </s>
-    score: float  # logprob / lp(len(tokens) + 1): what the search ranks by
-    logprob: float  # sum of the token log-probs, </s> included
-    positional_scores: list[float] = field(default_factory=list)  # len(tokens) + 1 entries
-
-
-def check_lenpen(alpha: float, flag: str) -> None:
-    """SettingError naming `flag` unless -LENPEN_LIMIT <= alpha <= LENPEN_LIMIT."""
-    if not -LENPEN_LIMIT <= alpha <= LENPEN_LIMIT:
-        raise SettingError(f"{flag} must be between {-LENPEN_LIMIT:g} and {LENPEN_LIMIT:g} (the paper: 0.6; "
-                           f"larger values overflow the length penalty), got {alpha}")
-
-
-def length_penalty(length: torch.Tensor | float, alpha: float, form: str) -> torch.Tensor | float:
-    """lp(|Y|): `((5+|Y|)/6)^alpha` (GNMT/tensor2tensor) or `|Y|^alpha` (fairseq)."""
-    if form == "gnmt":
-        return ((5.0 + length) / 6.0) ** alpha
-    if form == "fairseq":
-        return length**alpha
-    raise ValueError(f"unknown length penalty form {form!r}")
-
+from nmtkit.search.config import (  # noqa: F401 - the search's vocabulary, re-exported
+    BOS,
+    EARLY_STOP,
+    EOS,
+    LENPEN_FORMS,
+    LENPEN_LIMIT,
+    PAD,
+    UNK,
+    Hypothesis,
+    SearchConfig,
+    check_lenpen,
+    length_penalty,
+)
 
 # --------------------------------------------------------------------------------------------
 # Ensembles: one object that looks like a single model to the search loops.

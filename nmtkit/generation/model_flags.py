@@ -1,0 +1,88 @@
+"""The model and search flags that `nmtkit generate`, `serve` and `attention` share.
+
+Why apart from each command's driver: the three commands take the same --path / DATA_DIR /
+--device / --precision / --threads / --ema / --quantize and search flags, with the same defaults
+that depend on the model (`search_flag_defaults`) and the same refusals (`check_model_options`),
+and each then opens its model through `Translator.open`. What a path is, and what its format can
+be combined with, is the one opener's (`nmtkit.backends.registry`); nothing here decides it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nmtkit.backends.engine import PRECISION_NAMES, QUANTIZE_CHOICES, RuntimeOptions
+from nmtkit.backends.registry import (
+    CHECKPOINT,
+    ModelSource,
+    check_combination,
+    describe,
+    engine_class,
+    find_export,
+)
+from nmtkit.errors import UserError
+from nmtkit.search.config import default_search
+
+
+def default_max_len_b(data_dir: str) -> int:
+    """--max-len-b when not given: 50 (the paper's translation), 300 for a parsing data directory
+    (section 6.3: output limit input length + 300; linearized trees are 2-4 tokens per word)."""
+    from nmtkit.data.manifest import load_manifest
+
+    return default_search(load_manifest(data_dir)).max_len_b
+
+
+def search_flag_defaults(values: dict) -> dict:
+    """The search flags with the defaults that depend on the model: a --max-len-b not given depends
+    on the data directory (50, or 300 for a parsing data directory: `default_max_len_b`), and an
+    --early-stop not given is the engine's rule (`bound`; `beam` on a CTranslate2 export).
+    `values` holds the command's flag values: `search`, `paths` and `data_dir` (generate, serve)."""
+    flags = dict(values["search"])
+    found = find_export(values["paths"] or ())
+    if flags["max_len_b"] is None:
+        if found is not None:
+            from nmtkit.backends.directory import load_export
+
+            flags["max_len_b"] = default_search(load_export(found[0])["data"]).max_len_b
+        elif values["data_dir"] is not None:
+            flags["max_len_b"] = default_max_len_b(values["data_dir"])
+    if flags["early_stop"] is None and found is not None:
+        flags["early_stop"] = engine_class(found[1]).default_early_stop
+    return flags
+
+
+def check_model_options(opts) -> str | None:
+    """The checks that generate and serve share (`opts` has their model and search fields): the
+    sampling-only flags, the model paths and what their format can be combined with
+    (`check_combination`), --precision, --threads and --quantize. Returns the export directory
+    among --path, or None."""
+    s = opts.search
+    if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
+        raise UserError("--topk, --topp and --temperature apply only with --sampling")
+    if opts.quantize not in QUANTIZE_CHOICES:
+        raise UserError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {opts.quantize!r}")
+    fmt = check_combination(opts.paths, opts.data_dir, ema=opts.ema, quantize=opts.quantize)
+    if opts.precision not in PRECISION_NAMES:
+        raise UserError(f"--precision must be one of {', '.join(PRECISION_NAMES)}, got {opts.precision!r}")
+    if opts.threads < 0:
+        raise UserError(f"--threads must be >= 0 (0 = torch's default), got {opts.threads}")
+    if opts.quantize != "none" and opts.precision != "fp32":
+        raise UserError(f"--quantize {opts.quantize} works from fp32 weights; drop --precision {opts.precision}")
+    return None if fmt == CHECKPOINT else str(opts.paths[0])
+
+
+def runtime_options(opts) -> RuntimeOptions:
+    """The flags' RuntimeOptions (`opts` has --device, --precision, --threads, --ema, --quantize)."""
+    quantize = getattr(opts, "quantize", "none")
+    return RuntimeOptions(opts.device, opts.precision, opts.threads, opts.ema, None if quantize == "none" else quantize)
+
+
+def model_source(opts) -> ModelSource:
+    """What the flags' --path is (after `check_model_options`), read once."""
+    found = find_export(opts.paths)
+    return describe(list(opts.paths), opts.data_dir, CHECKPOINT if found is None else found[1])
+
+
+def with_seed(search, seed: int | None):
+    """The search settings with --seed as their seed, unless they carry one already."""
+    return dataclasses.replace(search, seed=seed) if search.seed is None and seed is not None else search
