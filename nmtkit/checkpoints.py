@@ -462,57 +462,69 @@ def average_checkpoints(paths: Iterable[str | os.PathLike]) -> dict:
     paths = [Path(p) for p in paths]
     if not paths:
         raise UserError("no checkpoints to average")
-    for i, p in enumerate(paths):
-        for q in paths[i + 1 :]:
-            if _same_file(p, q):
-                raise UserError(f"checkpoint given twice: {p}")
+    _refuse_duplicates(paths)
     first: dict | None = None
     model_sum = ema_sum = None
-    dtypes: dict[str, torch.dtype] = {}
-    ema_dtypes: dict[str, torch.dtype] = {}
     all_ema = True
     last: dict = {}
-    aliases: dict[str, str] = {}
-    ema_aliases: dict[str, str] = {}
     for p in paths:
         state = load_checkpoint(p)
         if first is None:
-            first = {"arch": state["arch"], "arch_config": state["arch_config"],
-                     "dictionaries": state.get("dictionaries") or {}, "name": str(p)}
-            dtypes = {k: v.dtype for k, v in state["model"].items()}
-            aliases = _aliases(state["model"])
-            ema_aliases = _aliases(state["ema"]) if state.get("ema") is not None else {}
+            first = _reference(state, p)
         else:
-            if config_differences(state["arch_config"], first["arch_config"]):
-                _refuse_arch(p, state, first)
-            check_same_dictionaries(state, str(p), first["dictionaries"],
-                                    f"only checkpoints trained on the same dictionaries as {first['name']} can be averaged")
-        model_sum = _accumulate(model_sum, state["model"], str(p), first["name"], aliases)
+            _check_averageable(state, p, first)
+        model_sum = _accumulate(model_sum, state["model"], str(p), first["name"], first["aliases"])
         ema = state.get("ema")
         if ema is None:
             all_ema = False
             ema_sum = None
         elif all_ema:
-            if not ema_dtypes:
-                ema_dtypes = {k: v.dtype for k, v in ema.items()}
-            ema_sum = _accumulate(ema_sum, ema, str(p), first["name"], ema_aliases)
+            ema_sum = _accumulate(ema_sum, ema, str(p), first["name"], first["ema_aliases"])
         last = state
         del state
-    n = len(paths)
-
-    def finish(total: dict, types: dict, alias: dict[str, str], order: list[str]) -> dict:
-        mean = {k: (v / n).to(types[k]) if v.is_floating_point() else v for k, v in total.items()}
-        # tied entries point at one tensor again, so the file stores it once
-        return {k: mean[alias.get(k, k)] for k in order}
-
     out = inference_state(last)
-    out["model"] = finish(model_sum, dtypes, aliases, list(dtypes))
+    out["model"] = _mean(model_sum, len(paths), first["dtypes"], first["aliases"])
     if all_ema and ema_sum is not None:
-        out["ema"] = finish(ema_sum, ema_dtypes, ema_aliases, list(ema_dtypes))
+        out["ema"] = _mean(ema_sum, len(paths), first["ema_dtypes"], first["ema_aliases"])
     else:
         out.pop("ema", None)
     out["averaged_from"] = [p.name for p in paths]
     return out
+
+
+def _refuse_duplicates(paths: list[Path]) -> None:
+    """Refuse a checkpoint given twice (by another name too): it would count twice in the mean."""
+    for i, p in enumerate(paths):
+        for q in paths[i + 1 :]:
+            if _same_file(p, q):
+                raise UserError(f"checkpoint given twice: {p}")
+
+
+def _reference(state: dict, p: Path) -> dict:
+    """What the first checkpoint sets for all: the architecture and dictionaries the others must
+    share, and the dtypes and tied entries (of its weights and EMA weights) the mean is stored in."""
+    ema = state.get("ema")
+    return {"arch": state["arch"], "arch_config": state["arch_config"],
+            "dictionaries": state.get("dictionaries") or {}, "name": str(p),
+            "dtypes": {k: v.dtype for k, v in state["model"].items()}, "aliases": _aliases(state["model"]),
+            "ema_dtypes": {k: v.dtype for k, v in ema.items()} if ema is not None else {},
+            "ema_aliases": _aliases(ema) if ema is not None else {}}
+
+
+def _check_averageable(state: dict, p: Path, first: dict) -> None:
+    """Refuse a checkpoint of another architecture or other dictionaries than the first: their
+    weights do not mean the same things, so their mean means nothing."""
+    if config_differences(state["arch_config"], first["arch_config"]):
+        _refuse_arch(p, state, first)
+    check_same_dictionaries(state, str(p), first["dictionaries"],
+                            f"only checkpoints trained on the same dictionaries as {first['name']} can be averaged")
+
+
+def _mean(total: dict, n: int, types: dict[str, torch.dtype], alias: dict[str, str]) -> dict:
+    """The sums divided by `n`, each back in its checkpoint's dtype, in the checkpoint's order."""
+    mean = {k: (v / n).to(types[k]) if v.is_floating_point() else v for k, v in total.items()}
+    # tied entries point at one tensor again, so the file stores it once
+    return {k: mean[alias.get(k, k)] for k in types}
 
 
 def _refuse_arch(p: Path, state: dict, first: dict) -> None:

@@ -108,55 +108,90 @@ def load_models(
     weights): what decoding wants, but such models have no linear weights in their state_dict,
     so consumers of the weights themselves (export, inspection) leave both off.
     """
-    from nmtkit.models.quantize import check_quantize, convert_linears, packing_available
-
-    from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
-
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    paths = [str(p) for p in paths]
-    if not paths:
-        raise UserError("--path is required (give it several times for an ensemble)")
+    paths = _checkpoint_paths(paths)
     dtype = precision_dtype(dtype)
     device = torch.device(device)
-    quantize = check_quantize(quantize, device, dtype)
-    pack = prepack and quantize is None and device.type == "cpu" and dtype == torch.float32 and packing_available()
+    kernel = _linear_kernel(quantize, prepack, device, dtype)
     expected = {"src_sha256": src_dict.sha256, "tgt_sha256": tgt_dict.sha256}
     if langs is not None:
         expected["src_lang"], expected["tgt_lang"] = langs
     models, configs = [], []
     max_src = max_tgt = math.inf
     for p in paths:
-        # mapped, not read: a training checkpoint's optimizer state is never touched
-        state = load_checkpoint(p, mmap=True)
-        check_same_dictionaries(
-            state, f"--path {p}", expected, "it cannot translate with this data directory's dictionaries"
-        )
-        cfg = arch_config_of(state, f"--path {p}")
-        weights = state["model"]
-        if ema:
-            if state.get("ema") is None:
-                raise UserError(f"--ema: {p} holds no EMA weights (train with EMA, or drop --ema)")
-            weights = state["ema"]
-        check_weights(weights, cfg, len(src_dict), len(tgt_dict), f"--path {p}", pad_idx=src_dict.pad)
-        try:
-            # the checkpoint's own tensors become the parameters: no random init, no copy
-            model = Transformer.from_state_dict(cfg, len(src_dict), len(tgt_dict), weights, pad_idx=src_dict.pad)
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[0]
-            raise UserError(f"--path {p}: weights do not fit its own architecture config: {first}") from None
-        del state, weights
-        model.eval().to(device=device, dtype=dtype)
-        if quantize is not None or pack:
-            convert_linears(model, quantize or "packed")
-            # The converted layers hold copies; what is left still lives in the mapped file,
-            # whose pages read for the conversion would stay resident while any tensor of it
-            # lives: copy the rest (embeddings, norms; 8 MB on the quickstart model) so that
-            # the mapping goes with `state`.
-            for t in model.parameters():
-                t.data = t.data.clone()
+        model, cfg = _load_one(p, src_dict, tgt_dict, expected, ema)
+        _prepare_for_inference(model, device, dtype, kernel)
         models.append(model)
         configs.append(cfg)
         max_src = min(max_src, cfg.max_source_positions - 1)  # positions include </s>
         max_tgt = min(max_tgt, cfg.max_target_positions - 1)  # positions include <s>
     return LoadedModels(models, int(max_src), int(max_tgt), configs, paths)
+
+
+def _checkpoint_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """`paths` as a list of strings (one path is a list of one), refused when empty: an ensemble
+    of no model cannot translate."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise UserError("--path is required (give it several times for an ensemble)")
+    return paths
+
+
+def _linear_kernel(quantize: str | None, prepack: bool, device: torch.device, dtype: torch.dtype) -> str | None:
+    """What replaces the linear layers: "int8" (`quantize`, refused where it cannot run),
+    "packed" (`prepack`, only where oneDNN serves it: CPU, fp32, no quantization) or None."""
+    from nmtkit.models.quantize import check_quantize, packing_available
+
+    quantize = check_quantize(quantize, device, dtype)
+    if quantize is not None:
+        return quantize
+    pack = prepack and device.type == "cpu" and dtype == torch.float32 and packing_available()
+    return "packed" if pack else None
+
+
+def _load_one(p: str, src_dict, tgt_dict, expected: dict, ema: bool) -> tuple[Transformer, ArchConfig]:
+    """The Transformer of checkpoint `p` and its config, after every check against the data
+    directory and its own config; its tensors are still the file's (mapped, in its dtype)."""
+    from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
+
+    # mapped, not read: a training checkpoint's optimizer state is never touched
+    state = load_checkpoint(p, mmap=True)
+    check_same_dictionaries(
+        state, f"--path {p}", expected, "it cannot translate with this data directory's dictionaries"
+    )
+    cfg = arch_config_of(state, f"--path {p}")
+    weights = _weights_of(state, p, ema)
+    check_weights(weights, cfg, len(src_dict), len(tgt_dict), f"--path {p}", pad_idx=src_dict.pad)
+    try:
+        # the checkpoint's own tensors become the parameters: no random init, no copy
+        model = Transformer.from_state_dict(cfg, len(src_dict), len(tgt_dict), weights, pad_idx=src_dict.pad)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise UserError(f"--path {p}: weights do not fit its own architecture config: {first}") from None
+    return model, cfg
+
+
+def _weights_of(state: dict, p: str, ema: bool) -> dict:
+    """The checkpoint's raw weights, or with `ema` its EMA weights, refused where it has none."""
+    if not ema:
+        return state["model"]
+    if state.get("ema") is None:
+        raise UserError(f"--ema: {p} holds no EMA weights (train with EMA, or drop --ema)")
+    return state["ema"]
+
+
+def _prepare_for_inference(model: Transformer, device: torch.device, dtype: torch.dtype, kernel: str | None) -> None:
+    """Put `model` in eval mode on its device and precision, with its linear layers replaced by
+    `kernel`'s (see `_linear_kernel`), in place."""
+    from nmtkit.models.quantize import convert_linears
+
+    model.eval().to(device=device, dtype=dtype)
+    if kernel is not None:
+        convert_linears(model, kernel)
+        # The converted layers hold copies; what is left still lives in the mapped file,
+        # whose pages read for the conversion would stay resident while any tensor of it
+        # lives: copy the rest (embeddings, norms; 8 MB on the quickstart model) so that
+        # the mapping goes with the checkpoint's state.
+        for t in model.parameters():
+            t.data = t.data.clone()

@@ -80,6 +80,18 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
 
     `defaults`: the server's SearchConfig, against which a request's beam and nbest are checked
     (nbest at most the beam)."""
+    obj = _json_object(body)
+    sentences = _sentences(obj, limits)
+    settings = _search_settings(obj, limits, defaults)
+    scores = obj.get("scores", False)
+    if not isinstance(scores, bool):
+        raise RequestError(400, f'"scores" must be true or false, got {json.dumps(scores)}')
+    return TranslateRequest(sentences, settings, scores)
+
+
+def _json_object(body: bytes) -> dict:
+    """The body as a JSON object with known fields and "text", refused with a 400 that says
+    which of these it is not (encoding, syntax, type, field)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -101,6 +113,12 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
         raise RequestError(400, f"unknown field {json.dumps(unknown[0])} (known: {', '.join(FIELDS)})")
     if "text" not in obj:
         raise RequestError(400, 'missing field "text": a list of sentences (strings)')
+    return obj
+
+
+def _sentences(obj: dict, limits: Limits) -> list[str]:
+    """The "text" field: a list of strings of Unicode text (400 otherwise), within the server's
+    sentence count and length limits (413 otherwise)."""
     sentences = obj["text"]
     if not isinstance(sentences, list):
         got = "one string (wrap it in a list)" if isinstance(sentences, str) else json.dumps(sentences)[:40]
@@ -118,6 +136,12 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
     for i, s in enumerate(sentences):
         if len(s) > limits.max_sentence_chars:
             raise RequestError(413, f'"text"[{i}] has {len(s)} characters; at most {limits.max_sentence_chars}')
+    return sentences
+
+
+def _search_settings(obj: dict, limits: Limits, defaults) -> dict:
+    """The beam, nbest and lenpen this request asks for (SearchConfig names), refused when the
+    server could not search with them: beam beyond --max-beam (413), nbest above the beam (400)."""
     settings: dict = {}
     if "beam" in obj:
         settings["beam"] = _int("beam", obj["beam"])
@@ -134,18 +158,20 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
             what = "beam" if "beam" in settings else "server's beam"
             raise RequestError(400, f'"nbest" {nbest} exceeds the {what} {beam}')
     if "lenpen" in obj:
-        v = obj["lenpen"]
-        try:
-            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
-        except OverflowError:  # an integer too large for a float
-            ok = False
-        if not ok:
-            raise RequestError(400, f'"lenpen" must be a number, got {json.dumps(v)[:40]}')
-        settings["lenpen"] = float(v)
-    scores = obj.get("scores", False)
-    if not isinstance(scores, bool):
-        raise RequestError(400, f'"scores" must be true or false, got {json.dumps(scores)}')
-    return TranslateRequest(sentences, settings, scores)
+        settings["lenpen"] = _lenpen(obj["lenpen"])
+    return settings
+
+
+def _lenpen(v: Any) -> float:
+    """A finite number as a float; JSON allows integers too large for a float, refused like
+    any other non-number."""
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+    except OverflowError:  # an integer too large for a float
+        ok = False
+    if not ok:
+        raise RequestError(400, f'"lenpen" must be a number, got {json.dumps(v)[:40]}')
+    return float(v)
 
 
 def response_body(rows: list, nbest: int, scores: bool) -> dict:

@@ -151,50 +151,75 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         """Raise UserError naming the first bad flag; return self."""
-
-        def positive(name: str, allow_none: bool = False) -> None:
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if v is None or v <= 0:
-                raise UserError(f"{flag(name)} must be > 0, got {v}")
-
-        def non_negative(name: str) -> None:
-            v = getattr(self, name)
-            if v < 0 or (isinstance(v, float) and math.isnan(v)):
-                raise UserError(f"{flag(name)} must be >= 0, got {v}")
-
         check_numbers(self)
+        self._validate_batching()
+        self._validate_optimizer()
+        self._validate_device()
+        for name in ("max_update", "max_epoch", "max_time", "validate_interval_updates", "patience",
+                     "save_interval_updates", "save_interval_minutes", "keep_last_updates", "keep_last_epochs"):
+            self._require_non_negative(name)
+        self._validate_validation()
+        self._require_positive("max_nan_skips")
+        self._require_positive("log_interval")
+        if self.ema and not self.finetune_from_model:
+            raise UserError("--ema applies with --finetune-from-model (it picks that checkpoint's EMA weights to start from)")
+        if self.train_subset == self.valid_subset:
+            raise UserError(f"--valid-subset must differ from --train-subset ({self.train_subset!r})")
+        return self
+
+    def _require_positive(self, name: str, allow_none: bool = False) -> None:
+        """Refuse a field at or below 0 (None too, unless `allow_none`: a flag that may be left out)."""
+        v = getattr(self, name)
+        if v is None and allow_none:
+            return
+        if v is None or v <= 0:
+            raise UserError(f"{flag(name)} must be > 0, got {v}")
+
+    def _require_non_negative(self, name: str) -> None:
+        """Refuse a field below 0 or NaN, for the settings where 0 means off or no limit."""
+        v = getattr(self, name)
+        if v < 0 or (isinstance(v, float) and math.isnan(v)):
+            raise UserError(f"{flag(name)} must be >= 0, got {v}")
+
+    def _validate_batching(self) -> None:
+        """A batch needs a size: a token budget, a sentence count or both, each above 0."""
         if self.max_tokens is None and self.batch_size is None:
             raise UserError("give --max-tokens or --batch-size (or both)")
-        positive("max_tokens", allow_none=True)
-        positive("batch_size", allow_none=True)
-        positive("update_freq")
+        self._require_positive("max_tokens", allow_none=True)
+        self._require_positive("batch_size", allow_none=True)
+        self._require_positive("update_freq")
+
+    def _validate_optimizer(self) -> None:
+        """The learning-rate schedule's and Adam's flags (the Optimization panel)."""
         if self.lr_scheduler not in SCHEDULERS:
             raise UserError(f"--lr-scheduler must be one of {', '.join(SCHEDULERS)}, got {self.lr_scheduler!r}")
-        positive("lr_scale")
-        positive("lr")
+        self._require_positive("lr_scale")
+        self._require_positive("lr")
         if self.warmup_updates is not None and self.warmup_updates < 1:
             raise UserError(f"--warmup-updates must be >= 1, got {self.warmup_updates}")
-        non_negative("warmup_init_lr")
+        self._require_non_negative("warmup_init_lr")
         b1, b2 = self.adam_betas
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise UserError(f"--adam-betas must both be in [0, 1), got {b1},{b2}")
-        positive("adam_eps")
-        non_negative("weight_decay")
-        non_negative("clip_norm")
+        self._require_positive("adam_eps")
+        self._require_non_negative("weight_decay")
+        self._require_non_negative("clip_norm")
+
+    def _validate_device(self) -> None:
+        """A precision the trainer knows, and a thread count above 0 (or none: torch's choice)."""
         if self.precision not in PRECISIONS:
             raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        positive("threads", allow_none=True)
-        for name in ("max_update", "max_epoch", "max_time", "validate_interval_updates", "patience",
-                     "save_interval_updates", "save_interval_minutes", "keep_last_updates", "keep_last_epochs"):
-            non_negative(name)
-        positive("eval_bleu_beam")
-        non_negative("eval_bleu_max_len_a")
+        self._require_positive("threads", allow_none=True)
+
+    def _validate_validation(self) -> None:
+        """--eval-bleu's search, the metric that picks checkpoint_best.pt, and the settings that
+        need validation to run at all."""
+        self._require_positive("eval_bleu_beam")
+        self._require_non_negative("eval_bleu_max_len_a")
         from nmtkit.search.config import check_lenpen
 
         check_lenpen(self.eval_bleu_lenpen, "--eval-bleu-lenpen")
-        non_negative("eval_bleu_max_len_b")
+        self._require_non_negative("eval_bleu_max_len_b")
         if self.best_checkpoint_metric not in BEST_METRICS:
             raise UserError(
                 f"--best-checkpoint-metric must be one of {', '.join(BEST_METRICS)}, got {self.best_checkpoint_metric!r}"
@@ -205,13 +230,6 @@ class TrainConfig:
             raise UserError("--no-validate cannot be combined with --patience, --eval-bleu or --validate-interval-updates")
         if not 0.0 <= self.ema_decay < 1.0:
             raise UserError(f"--ema-decay must be in [0, 1), got {self.ema_decay}")
-        positive("max_nan_skips")
-        positive("log_interval")
-        if self.ema and not self.finetune_from_model:
-            raise UserError("--ema applies with --finetune-from-model (it picks that checkpoint's EMA weights to start from)")
-        if self.train_subset == self.valid_subset:
-            raise UserError(f"--valid-subset must differ from --train-subset ({self.train_subset!r})")
-        return self
 
     def with_arch_overrides(self, overrides: Mapping[str, Any] | None) -> "TrainConfig":
         """`self` with the Architecture flags the user gave (None = not given); `--warmup-updates`
