@@ -678,154 +678,249 @@ def _grow_add(acc: np.ndarray, new: np.ndarray) -> np.ndarray:
     return acc
 
 
+@dataclass
+class _Build:
+    """What every step of one build shares: the settings, the folder it writes in, where it
+    reports, and the checksums of what it wrote (the manifest's "files"), so that each step
+    takes only its own inputs besides."""
+
+    cfg: PreprocessConfig
+    tmp: Path  # the hidden directory beside DESTDIR (nmtkit.data.install.temp_dir)
+    progress: object  # a rich Progress, or None
+    log: Callable[[str], None]
+    timings: dict[str, float]  # phase -> seconds (PreprocessResult.timings)
+    files: dict[str, str] = field(default_factory=dict)  # file name in tmp -> sha256
+
+    @property
+    def langs(self) -> tuple[str, str]:
+        return self.cfg.source_lang, self.cfg.target_lang
+
+
+@dataclass
+class _EncodedTrain:
+    """The training text after its one encoding pass, before the dictionaries exist: what the
+    dictionaries are built from, and the shards to rewrite with their ids."""
+
+    shards: dict[str, list[ShardInfo]]  # lang -> shards of provisional ids (uint32 .prov.bin)
+    counts: dict[str, np.ndarray]  # lang -> (provisional vocab,) int64: occurrences of each id
+    gvocab: dict[str, int]  # string token -> provisional id, shared by both sides (not sentencepiece)
+    dropped: Counter  # cleaning reason -> pairs dropped
+    lines: int  # pairs read, before cleaning
+
+
+@dataclass
+class _Side:
+    """One language's dictionary as its shards use it: the train shards are rewritten through
+    `table`, and valid/test are encoded against the same dictionary and dtype."""
+
+    dictionary: Dictionary
+    table: np.ndarray  # (provisional vocab,) int64: provisional id -> dictionary id
+    dtype: np.dtype  # of the shards' ids: the smallest that holds every dictionary id
+
+
 def _build(cfg, tmp: Path, inputs, infos, progress, log, timings, reused=None) -> dict:
-    """`reused`: {lang: nmtkit.data.reuse.ReusedSide} for --srcdict/--tgtdict (subword models
+    """Write the dataset into `tmp` and return its manifest (`preprocess` adds the run's own
+    entries). The steps run in this order because each needs the one before: subword models,
+    the training text encoded once, the dictionaries from its counts, the train shards in
+    dictionary ids, then valid/test.
+
+    `reused`: {lang: nmtkit.data.reuse.ReusedSide} for --srcdict/--tgtdict (subword models
     copied, dictionaries taken as they are), or None to learn both from the training text."""
-    src, tgt = cfg.source_lang, cfg.target_lang
-    langs = (src, tgt)
-    files: dict[str, str] = {}  # file name -> sha256
-
-    # 2. subword model(s)
-    t = time.perf_counter()
-    if reused is None:
-        sub = _learn_subwords(cfg, tmp, inputs, infos, progress, log)
-    else:
-        sub = reuse.install_subwords(reused, src, tgt, tmp)
-        log(f"reusing subword model(s) {', '.join(sorted(set(n for n in sub['files'].values() if n))) or 'none'} "
-            f"and the dictionaries of {', '.join(sorted(set(sub['reused_from'].values())))}")
-    for name in set(n for n in sub["files"].values() if n):
-        files[name] = sha256_file(tmp / name)
-    model_files = {lang: (str(tmp / n) if n else None) for lang, n in sub["files"].items()}
-    timings["learn"] = time.perf_counter() - t
-
-    kinds = sub["kinds"]
-    spm_mode = {lang: kinds[lang] == "sentencepiece" for lang in langs}  # sentencepiece ids, not strings
-    encoder = _Encoder(kinds, model_files, cfg.workers)
+    b = _Build(cfg, tmp, progress, log, timings)
+    sub, model_files = _subword_models(b, inputs, infos, reused)
+    spm_mode = {lang: sub["kinds"][lang] == "sentencepiece" for lang in b.langs}  # sentencepiece ids, not strings
+    encoder = _Encoder(sub["kinds"], model_files, cfg.workers)
     ok = False
     try:
-        # 3. encode the training text once: provisional ids + counts, cleaning as we go
-        t, cpu0, wcpu0 = time.perf_counter(), time.process_time(), encoder.worker_cpu
-        train_paths = inputs["train"][1]
-        n_train = infos["train"][src].lines
-        task = _Task(progress, "encoding train", n_train)
-        writers = {lang: ShardSetWriter(tmp, "train", lang, np.dtype("<u4"), cfg.shard_size, suffix=".prov")
-                   for lang in langs}
-        counts = {lang: np.zeros(0, np.int64) for lang in langs}
-        gvocab: dict[str, int] = {}  # string tokens -> provisional id (shared by both languages)
-        dropped = Counter({r: 0 for r in CLEAN_REASONS})
-        for res in encoder.map(_pair_jobs(src, tgt, train_paths[src], train_paths[tgt])):
-            (fs, ls, vs), (ft, lt, vt) = res
-            if not spm_mode[src]:
-                fs = _globalize(fs, vs, gvocab)
-            if not spm_mode[tgt]:
-                ft = _globalize(ft, vt, gvocab)
-            keep, reasons = clean_mask(ls, lt, cfg.min_len, cfg.max_len, cfg.ratio)
-            dropped.update(reasons)
-            if not keep.all():
-                fs, ls = fs[np.repeat(keep, ls)], ls[keep]
-                ft, lt = ft[np.repeat(keep, lt)], lt[keep]
-            for lang, f, lens in ((src, fs, ls), (tgt, ft, lt)):
-                counts[lang] = _grow_add(counts[lang], np.bincount(f))
-                writers[lang].add(f, lens)
-            task.advance(len(keep))
-        task.finish()
-        prov = {lang: writers[lang].close() for lang in langs}
-        kept = sum(s.sentences for s in prov[src])
-        if kept == 0:
-            raise UserError(f"--trainpref {cfg.trainpref}: no sentence pair left after cleaning "
-                            f"(dropped: {_reasons_text(dropped)}); check --min-len/--max-len/--ratio")
-        timings["encode_train"] = time.perf_counter() - t
-        log(f"encoded train: {n_train:,} pairs in {timings['encode_train']:.1f}s "
-            f"({n_train / max(timings['encode_train'], 1e-9):,.0f} pairs/s); kept {kept:,}, "
-            f"cleaning dropped {sum(dropped.values()):,} ({_reasons_text(dropped)})")
-
-        # 4. dictionaries from the counts
-        tokens = {lang: _spm_pieces(model_files[lang]) if spm_mode[lang] else list(gvocab) for lang in langs}
-        # sentencepiece: every piece of the model enters the dictionary (count 0 if the encoded
-        # training text never used it), so valid/test/new input never turn a piece the model
-        # can emit into <unk>; string tokens: only those seen (fairseq), as nothing else is known.
-        tok_counts = {lang: _token_counts(tokens[lang], counts[lang], keep_zero=spm_mode[lang]) for lang in langs}
-        if reused is not None:  # the model's own dictionaries, unchanged: same ids, same sha256
-            dicts = {lang: reused[lang].dictionary for lang in langs}
-        elif cfg.joined_dictionary:
-            joint = Counter(tok_counts[src])
-            joint.update(tok_counts[tgt])
-            d = Dictionary.from_counts(joint, nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
-                                       pad_to_multiple=cfg.pad_to_multiple)
-            dicts = {src: d, tgt: d}
-        else:
-            dicts = {
-                src: Dictionary.from_counts(tok_counts[src], nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
-                                            pad_to_multiple=cfg.pad_to_multiple),
-                tgt: Dictionary.from_counts(tok_counts[tgt], nwords=cfg.nwordstgt, threshold=cfg.thresholdtgt,
-                                            pad_to_multiple=cfg.pad_to_multiple),
-            }
-        dict_entry: dict = {"joined": cfg.joined_dictionary or (reused is not None and dicts[src].sha256 == dicts[tgt].sha256)}
-        for lang in langs:
-            name = f"dict.{lang}.txt"
-            files[name] = dicts[lang].save(tmp / name)
-            dict_entry[lang] = {"file": name, "size": len(dicts[lang])}
-        dtypes = {lang: dtype_for_vocab(len(dicts[lang])) for lang in langs}
-        log(f"dictionaries: {src} {len(dicts[src]):,}, {tgt} {len(dicts[tgt]):,}"
-            f"{' (joined)' if dict_entry['joined'] else ''}; shards in {dtypes[src].name}/{dtypes[tgt].name}")
-
-        # 5. provisional ids -> dictionary ids
-        t = time.perf_counter()
-        splits: dict = {}
-        tables = {lang: _table(dicts[lang], tokens[lang]) for lang in langs}
-        total_tokens = sum(s.tokens for lang in langs for s in prov[lang])
-        task = _Task(progress, "writing train shards", total_tokens)
-        final: dict[str, list[ShardInfo]] = {}
-        unk = {}
-        for lang in langs:
-            final[lang], unk[lang] = [], 0
-            for info in prov[lang]:
-                shard, n_unk = _remap_shard(tmp, info, tables[lang], dtypes[lang], dicts[lang].unk, task)
-                final[lang].append(shard)
-                unk[lang] += n_unk
-        task.finish()
-        splits["train"] = _split_entry(langs, final, unk, infos["train"][src].lines, dropped, files)
-        for lang in langs:
-            msg = _unk_warning(cfg, lang, unk[lang], sum(s.tokens for s in prov[lang]))
-            if msg:
-                log(msg)
-        timings["write_train"] = time.perf_counter() - t
+        cpu0, wcpu0 = time.process_time(), encoder.worker_cpu
+        train = _encode_train(b, encoder, inputs["train"][1], infos["train"][cfg.source_lang].lines, spm_mode)
+        sides, dict_entry = _dictionaries(b, train, model_files, spm_mode, reused)
+        splits = {"train": _write_train(b, train, sides)}
         timings["binarize_cpu"] = time.process_time() - cpu0 + encoder.worker_cpu - wcpu0
-
-        # 6. valid/test: every line, in order, no cleaning
         t = time.perf_counter()
-        for split in inputs:
-            if split == "train":
-                continue
-            paths = inputs[split][1]
-            n = infos[split][src].lines
-            task = _Task(progress, f"encoding {split}", n)
-            w = {lang: ShardSetWriter(tmp, split, lang, dtypes[lang], cfg.shard_size) for lang in langs}
-            sunk = {lang: 0 for lang in langs}
-            for res in encoder.map(_pair_jobs(src, tgt, paths[src], paths[tgt])):
-                for lang, (f, lens, vocab) in zip(langs, res):
-                    table = tables[lang] if vocab is None else _table(dicts[lang], vocab)
-                    ids = table[f].astype(dtypes[lang], copy=False)
-                    sunk[lang] += int(np.count_nonzero(ids == dicts[lang].unk))
-                    w[lang].add(ids, lens)
-                task.advance(len(res[0][1]))
-            task.finish()
-            shards = {lang: w[lang].close() for lang in langs}
-            splits[split] = _split_entry(langs, shards, sunk, n, None, files)
-            log(f"encoded {split}: {n:,} pairs (every line kept), <unk>: {src} {sunk[src]}, {tgt} {sunk[tgt]}")
+        for split, (_, paths) in inputs.items():
+            if split != "train":
+                lines = infos[split][cfg.source_lang].lines
+                splits[split] = _encode_eval_split(b, encoder, split, paths, lines, sides)
         timings["encode_eval"] = time.perf_counter() - t
         ok = True
     finally:
         encoder.close(ok)
+    return _manifest_entries(cfg, sub, dict_entry, splits, b.files)
 
+
+def _subword_models(b: _Build, inputs, infos, reused) -> tuple[dict, dict[str, str | None]]:
+    """Step 2: the subword model(s), learned on the training text or copied from the reused data
+    directory; returns the manifest's "subword" entry and lang -> model file (None: no model)."""
+    t = time.perf_counter()
+    if reused is None:
+        sub = _learn_subwords(b.cfg, b.tmp, inputs, infos, b.progress, b.log)
+    else:
+        sub = reuse.install_subwords(reused, b.cfg.source_lang, b.cfg.target_lang, b.tmp)
+        b.log(f"reusing subword model(s) {', '.join(sorted(set(n for n in sub['files'].values() if n))) or 'none'} "
+              f"and the dictionaries of {', '.join(sorted(set(sub['reused_from'].values())))}")
+    for name in set(n for n in sub["files"].values() if n):
+        b.files[name] = sha256_file(b.tmp / name)
+    model_files = {lang: (str(b.tmp / n) if n else None) for lang, n in sub["files"].items()}
+    b.timings["learn"] = time.perf_counter() - t
+    return sub, model_files
+
+
+def _encode_train(b: _Build, encoder: _Encoder, paths: dict[str, Path], lines: int,
+                  spm_mode: dict[str, bool]) -> _EncodedTrain:
+    """Step 3: encode the training text once (module docstring): provisional ids are written
+    and counted while the chunks arrive, and cleaning drops pairs on the way."""
+    src, tgt = b.langs
+    t = time.perf_counter()
+    task = _Task(b.progress, "encoding train", lines)
+    writers = {lang: ShardSetWriter(b.tmp, "train", lang, np.dtype("<u4"), b.cfg.shard_size, suffix=".prov")
+               for lang in b.langs}
+    counts = {lang: np.zeros(0, np.int64) for lang in b.langs}
+    gvocab: dict[str, int] = {}
+    dropped = Counter({r: 0 for r in CLEAN_REASONS})
+    for res in encoder.map(_pair_jobs(src, tgt, paths[src], paths[tgt])):
+        for lang, (flat, lens) in zip(b.langs, _clean_chunk(b.cfg, res, spm_mode, gvocab, dropped)):
+            counts[lang] = _grow_add(counts[lang], np.bincount(flat))
+            writers[lang].add(flat, lens)
+        task.advance(len(res[0][1]))  # pairs in the chunk, before cleaning
+    task.finish()
+    train = _EncodedTrain({lang: writers[lang].close() for lang in b.langs}, counts, gvocab, dropped, lines)
+    _report_train(b, train, time.perf_counter() - t)
+    return train
+
+
+def _clean_chunk(cfg: PreprocessConfig, res, spm_mode: dict[str, bool], gvocab: dict[str, int], dropped: Counter):
+    """One encoded chunk of the training text in global provisional ids, less the pairs that
+    cleaning drops (counted into `dropped`): ((src ids, src lengths), (tgt ids, tgt lengths)),
+    ids (tokens,) uint32, every sentence's ids end to end; lengths (pairs,) int64."""
+    (fs, ls, vs), (ft, lt, vt) = res
+    if not spm_mode[cfg.source_lang]:
+        fs = _globalize(fs, vs, gvocab)
+    if not spm_mode[cfg.target_lang]:
+        ft = _globalize(ft, vt, gvocab)
+    keep, reasons = clean_mask(ls, lt, cfg.min_len, cfg.max_len, cfg.ratio)  # keep: (pairs,) bool
+    dropped.update(reasons)
+    if not keep.all():
+        fs, ls = fs[np.repeat(keep, ls)], ls[keep]
+        ft, lt = ft[np.repeat(keep, lt)], lt[keep]
+    return (fs, ls), (ft, lt)
+
+
+def _report_train(b: _Build, train: _EncodedTrain, seconds: float) -> None:
+    """Refuse a training text that cleaning emptied (naming the flags to look at); else log
+    how fast it was encoded and what cleaning dropped."""
+    kept = sum(s.sentences for s in train.shards[b.cfg.source_lang])
+    if kept == 0:
+        raise UserError(f"--trainpref {b.cfg.trainpref}: no sentence pair left after cleaning "
+                        f"(dropped: {_reasons_text(train.dropped)}); check --min-len/--max-len/--ratio")
+    b.timings["encode_train"] = seconds
+    b.log(f"encoded train: {train.lines:,} pairs in {seconds:.1f}s "
+          f"({train.lines / max(seconds, 1e-9):,.0f} pairs/s); kept {kept:,}, "
+          f"cleaning dropped {sum(train.dropped.values()):,} ({_reasons_text(train.dropped)})")
+
+
+def _dictionaries(b: _Build, train: _EncodedTrain, model_files: dict[str, str | None], spm_mode: dict[str, bool],
+                  reused) -> tuple[dict[str, _Side], dict]:
+    """Step 4: the dictionaries, built from the training counts (or the reused ones) and saved;
+    returns per language what its shards need, and the manifest's "dictionaries" entry."""
+    src, tgt = b.langs
+    tokens = {lang: _spm_pieces(model_files[lang]) if spm_mode[lang] else list(train.gvocab) for lang in b.langs}
+    if reused is not None:  # the model's own dictionaries, unchanged: same ids, same sha256
+        dicts = {lang: reused[lang].dictionary for lang in b.langs}
+    else:
+        # sentencepiece: every piece of the model enters the dictionary (count 0 if the encoded
+        # training text never used it), so valid/test/new input never turn a piece the model
+        # can emit into <unk>; string tokens: only those seen (fairseq), as nothing else is known.
+        tok_counts = {lang: _token_counts(tokens[lang], train.counts[lang], keep_zero=spm_mode[lang]) for lang in b.langs}
+        dicts = _count_dictionaries(b.cfg, tok_counts)
+    entry: dict = {"joined": b.cfg.joined_dictionary or (reused is not None and dicts[src].sha256 == dicts[tgt].sha256)}
+    for lang in b.langs:
+        name = f"dict.{lang}.txt"
+        b.files[name] = dicts[lang].save(b.tmp / name)
+        entry[lang] = {"file": name, "size": len(dicts[lang])}
+    sides = {lang: _Side(dicts[lang], _table(dicts[lang], tokens[lang]), dtype_for_vocab(len(dicts[lang])))
+             for lang in b.langs}
+    b.log(f"dictionaries: {src} {len(dicts[src]):,}, {tgt} {len(dicts[tgt]):,}"
+          f"{' (joined)' if entry['joined'] else ''}; shards in {sides[src].dtype.name}/{sides[tgt].dtype.name}")
+    return sides, entry
+
+
+def _count_dictionaries(cfg: PreprocessConfig, tok_counts: dict[str, dict[str, int]]) -> dict[str, Dictionary]:
+    """lang -> Dictionary from the token counts under the --nwords*/--threshold* caps: one shared
+    by both sides with --joined-dictionary (the source side's caps), else one per side."""
+    src, tgt = cfg.source_lang, cfg.target_lang
+    if cfg.joined_dictionary:
+        joint = Counter(tok_counts[src])
+        joint.update(tok_counts[tgt])
+        d = Dictionary.from_counts(joint, nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
+                                   pad_to_multiple=cfg.pad_to_multiple)
+        return {src: d, tgt: d}
+    return {
+        src: Dictionary.from_counts(tok_counts[src], nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
+                                    pad_to_multiple=cfg.pad_to_multiple),
+        tgt: Dictionary.from_counts(tok_counts[tgt], nwords=cfg.nwordstgt, threshold=cfg.thresholdtgt,
+                                    pad_to_multiple=cfg.pad_to_multiple),
+    }
+
+
+def _write_train(b: _Build, train: _EncodedTrain, sides: dict[str, _Side]) -> dict:
+    """Step 5: the provisional train shards rewritten in dictionary ids (a cheap vectorized pass,
+    instead of a second encoding); returns the train split's manifest entry. Warns when the
+    dictionary caps turned most training tokens into <unk>."""
+    t = time.perf_counter()
+    task = _Task(b.progress, "writing train shards", sum(s.tokens for lang in b.langs for s in train.shards[lang]))
+    final: dict[str, list[ShardInfo]] = {}
+    unk = {}
+    for lang in b.langs:
+        side = sides[lang]
+        final[lang], unk[lang] = [], 0
+        for info in train.shards[lang]:
+            shard, n_unk = _remap_shard(b.tmp, info, side.table, side.dtype, side.dictionary.unk, task)
+            final[lang].append(shard)
+            unk[lang] += n_unk
+    task.finish()
+    entry = _split_entry(b.langs, final, unk, train.lines, train.dropped, b.files)
+    for lang in b.langs:
+        msg = _unk_warning(b.cfg, lang, unk[lang], sum(s.tokens for s in train.shards[lang]))
+        if msg:
+            b.log(msg)
+    b.timings["write_train"] = time.perf_counter() - t
+    return entry
+
+
+def _encode_eval_split(b: _Build, encoder: _Encoder, split: str, paths: dict[str, Path], lines: int,
+                       sides: dict[str, _Side]) -> dict:
+    """Step 6: one valid/test split, every line in order and no cleaning (generation output must
+    align line for line with the references); returns its manifest entry."""
+    src, tgt = b.langs
+    task = _Task(b.progress, f"encoding {split}", lines)
+    writers = {lang: ShardSetWriter(b.tmp, split, lang, sides[lang].dtype, b.cfg.shard_size) for lang in b.langs}
+    unk = {lang: 0 for lang in b.langs}
+    for res in encoder.map(_pair_jobs(src, tgt, paths[src], paths[tgt])):
+        for lang, (flat, lens, vocab) in zip(b.langs, res):
+            side = sides[lang]
+            table = side.table if vocab is None else _table(side.dictionary, vocab)
+            ids = table[flat].astype(side.dtype, copy=False)  # (tokens,)
+            unk[lang] += int(np.count_nonzero(ids == side.dictionary.unk))
+            writers[lang].add(ids, lens)
+        task.advance(len(res[0][1]))
+    task.finish()
+    entry = _split_entry(b.langs, {lang: writers[lang].close() for lang in b.langs}, unk, lines, None, b.files)
+    b.log(f"encoded {split}: {lines:,} pairs (every line kept), <unk>: {src} {unk[src]}, {tgt} {unk[tgt]}")
+    return entry
+
+
+def _manifest_entries(cfg: PreprocessConfig, sub: dict, dict_entry: dict, splits: dict,
+                      files: dict[str, str]) -> dict:
+    """The manifest of what `_build` wrote (schema: docs/formats.md)."""
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "complete": True,
         "nmtkit_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source_lang": src,
-        "target_lang": tgt,
+        "source_lang": cfg.source_lang,
+        "target_lang": cfg.target_lang,
         "subword": sub,
         "dictionaries": dict_entry,
         "splits": splits,
