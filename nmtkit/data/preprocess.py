@@ -477,12 +477,48 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
     reused = reuse.resolve(cfg.srcdict, cfg.tgtdict, cfg.source_lang, cfg.target_lang, cfg.joined_dictionary, cfg.bpe)
     install.recover(dest, log)  # what a killed run left beside DESTDIR
     existing, owned = _check_destination(dest, inputs, cfg.force)
+    _refuse_reused_destination(dest, reused)
+    total_bytes = sum(p.stat().st_size for _, paths in inputs.values() for p in paths.values())
+    infos = _check_inputs(cfg, inputs, total_bytes, progress)
+    timings["check"] = time.perf_counter() - t0
+    log(f"checked {sum(len(v) for v in infos.values())} input files ({total_bytes / 1e6:,.1f} MB): "
+        f"{infos['train'][cfg.source_lang].lines:,} training pairs ({timings['check']:.1f}s)")
+    inputs_json = {s: {lang: i.as_json() for lang, i in v.items()} for s, v in infos.items()}
+    options = _output_options(cfg, reused)
+    fingerprint = _fingerprint(options, inputs_json)
+
+    if existing is not None and not cfg.force:
+        _check_same_dataset(dest, existing, owned, options, inputs_json, fingerprint)
+        log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
+        return PreprocessResult(dest, existing, True, timings)
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = install.temp_dir(dest)
+    try:
+        manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
+        _add_run_entries(cfg, tmp, dest, manifest, fingerprint, inputs_json)
+        write_manifest(tmp, manifest)  # last: its presence marks the directory complete
+        _apply_umask(tmp)
+        install.install(tmp, dest, owned)
+    except BaseException:
+        install.remove_temp_dir(tmp)
+        raise
+    timings["total"] = time.perf_counter() - t0
+    return PreprocessResult(dest, manifest, False, timings)
+
+
+def _refuse_reused_destination(dest: Path, reused) -> None:
+    """DESTDIR may not be the data directory --srcdict/--tgtdict reuses: replacing it would
+    delete the dictionaries and subword model being copied from it."""
     for side in (reused or {}).values():
         if side.data_dir is not None and side.data_dir.resolve() == dest.resolve():
             raise UserError(f"--destdir {dest} is the data directory {side.flag} reuses; choose another directory")
 
-    # 1. check every input before anything is written: UTF-8, line counts, checksums
-    total_bytes = sum(p.stat().st_size for _, paths in inputs.values() for p in paths.values())
+
+def _check_inputs(cfg: PreprocessConfig, inputs: dict[str, tuple[str, dict[str, Path]]], total_bytes: int,
+                  progress) -> dict[str, dict[str, TextFileInfo]]:
+    """Step 1: read every input once before anything is written (UTF-8, line counts, checksums),
+    so that a bad file stops the run at once, not after the subword model was learned."""
     task = _Task(progress, "checking inputs", total_bytes)
     infos: dict[str, dict[str, TextFileInfo]] = {}
     for split, (flag, paths) in inputs.items():
@@ -497,53 +533,50 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         if a.lines == 0:
             raise UserError(f"{flag}: {a.path} and {b.path} are empty")
     task.finish()
-    timings["check"] = time.perf_counter() - t0
-    log(f"checked {sum(len(v) for v in infos.values())} input files ({total_bytes / 1e6:,.1f} MB): "
-        f"{infos['train'][cfg.source_lang].lines:,} training pairs ({timings['check']:.1f}s)")
-    inputs_json = {s: {lang: i.as_json() for lang, i in v.items()} for s, v in infos.items()}
+    return infos
+
+
+def _output_options(cfg: PreprocessConfig, reused) -> dict:
+    """The options the fingerprint covers: the config's, and reused dictionaries by content."""
     options = cfg.output_options()
     if reused is not None:
         options["reused"] = {lang: reused[lang].describe() for lang in (cfg.source_lang, cfg.target_lang)}
-    fingerprint = _fingerprint(options, inputs_json)
+    return options
 
-    if existing is not None and not cfg.force:
-        if existing.get("fingerprint") != fingerprint:
-            foreign = install.foreign_entries(dest, owned)
-            hint = (f"it also holds {', '.join(foreign[:8])}, which --force would not remove: choose another --destdir"
-                    if foreign else "pass --force to replace it")
-            raise UserError(f"--destdir {dest} already holds a different dataset "
-                            f"({_describe_difference(existing, options, inputs_json)}); {hint}")
-        try:
-            verify_files(dest, existing)
-        except UserError as e:
-            raise UserError(f"--destdir {dest} holds this dataset but it is damaged: {e}; "
-                            "pass --force to rebuild it") from None
-        log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
-        return PreprocessResult(dest, existing, True, timings)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = install.temp_dir(dest)
+def _check_same_dataset(dest: Path, existing: dict, owned: set[str] | None, options: dict, inputs_json: dict,
+                        fingerprint: str) -> None:
+    """Without --force, DESTDIR may hold only this very dataset, intact: a different one (named
+    by what differs) or a damaged one (named by its file) is refused, never overwritten unasked."""
+    if existing.get("fingerprint") != fingerprint:
+        foreign = install.foreign_entries(dest, owned)
+        hint = (f"it also holds {', '.join(foreign[:8])}, which --force would not remove: choose another --destdir"
+                if foreign else "pass --force to replace it")
+        raise UserError(f"--destdir {dest} already holds a different dataset "
+                        f"({_describe_difference(existing, options, inputs_json)}); {hint}")
     try:
-        manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
-        for name, path in cfg.extra_files.items():
-            shutil.copyfile(path, tmp / name)
-            manifest["files"][name] = sha256_file(tmp / name)
-        manifest["files"] = dict(sorted(manifest["files"].items()))
-        for k, v in cfg.extra_manifest.items():
-            if k in manifest:
-                raise ValueError(f"extra manifest entry {k!r} would replace a standard one")
-            manifest[k] = v
-        recorded = dataclasses.asdict(cfg) | {"destdir": str(dest)}
-        recorded.pop("extra_manifest")
-        manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
-        write_manifest(tmp, manifest)  # last: its presence marks the directory complete
-        _apply_umask(tmp)
-        install.install(tmp, dest, owned)
-    except BaseException:
-        install.remove_temp_dir(tmp)
-        raise
-    timings["total"] = time.perf_counter() - t0
-    return PreprocessResult(dest, manifest, False, timings)
+        verify_files(dest, existing)
+    except UserError as e:
+        raise UserError(f"--destdir {dest} holds this dataset but it is damaged: {e}; "
+                        "pass --force to rebuild it") from None
+
+
+def _add_run_entries(cfg: PreprocessConfig, tmp: Path, dest: Path, manifest: dict, fingerprint: str,
+                     inputs_json: dict) -> None:
+    """Complete `_build`'s manifest with what the caller added (extra files, copied into `tmp` and
+    checksummed; extra entries) and what lets the next run find DESTDIR up to date (the
+    fingerprint, the inputs and the options as given)."""
+    for name, path in cfg.extra_files.items():
+        shutil.copyfile(path, tmp / name)
+        manifest["files"][name] = sha256_file(tmp / name)
+    manifest["files"] = dict(sorted(manifest["files"].items()))
+    for k, v in cfg.extra_manifest.items():
+        if k in manifest:
+            raise ValueError(f"extra manifest entry {k!r} would replace a standard one")
+        manifest[k] = v
+    recorded = dataclasses.asdict(cfg) | {"destdir": str(dest)}
+    recorded.pop("extra_manifest")
+    manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
 
 
 def _learn_lines(paths: list[tuple[Path, int]], max_lines: int, task: _Task) -> Iterator[str]:
