@@ -81,10 +81,10 @@ SPM_CHILD_MIN_LINES = 200_000  # learn sentencepiece in a child process above th
 class PreprocessConfig:
     """The pipeline's settings; each field with `setting(...)` is an `nmtkit preprocess` flag, with
     its default and help text (docs/preprocess.md). The flags that select the task and the treebank
-    are PreprocessJob's (nmtkit.data.preprocess_job)."""
+    are PreprocessJob's (nmtkit.preprocess_job)."""
 
     # The languages and trainpref are required for translation; `nmtkit preprocess --task
-    # parsing` sets them itself (nmtkit.data.preprocess_job.PreprocessJob.from_flags).
+    # parsing` sets them itself (nmtkit.preprocess_job.PreprocessJob.from_flags).
     source_lang: str = setting(flag="--source-lang", aliases=("-s",), unset=True, help="Source language suffix, e.g. de (required for translation).")
     target_lang: str = setting(flag="--target-lang", aliases=("-t",), unset=True, help="Target language suffix, e.g. en (required for translation).")
     trainpref: str = setting(flag="--trainpref", unset=True, help="Training files prefix P: reads P.SRC and P.TGT (or .gz); --task parsing: a treebank P, P.trees or P.mrg (or .gz, or a folder).")
