@@ -14,7 +14,7 @@ import typer
 
 from nmtkit.cli.app import app
 from nmtkit.data.preprocess import PreprocessConfig
-from nmtkit.data.preprocess_job import PreprocessJob
+from nmtkit.preprocess_job import PreprocessJob
 from nmtkit.errors import UserError
 from nmtkit.backends.export import ExportOptions
 from nmtkit.generation.inspection import AttentionOptions

@@ -1,4 +1,4 @@
-"""`nmtkit preprocess`: flag parsing for nmtkit.data.preprocess_job (docs/preprocess.md).
+"""`nmtkit preprocess`: flag parsing for nmtkit.preprocess_job (docs/preprocess.md).
 
 The flags are PreprocessConfig's and PreprocessJob's fields (their defaults, help and the rules
 tying them to --task live there); this module adds the progress bars and prints the summary.
@@ -19,7 +19,7 @@ from rich.text import Text
 from nmtkit.cli.app import app
 from nmtkit.cli.options import with_settings
 from nmtkit.console import stderr_console, text_column
-from nmtkit.data.preprocess_job import PreprocessJob
+from nmtkit.preprocess_job import PreprocessJob
 from nmtkit.io import text_stdout
 
 
@@ -40,7 +40,7 @@ def preprocess_command(job: PreprocessJob) -> None:
     binary shards (.bin + .idx), and manifest.json with checksums. Rerunning with the same inputs
     and options finds DESTDIR up to date and does nothing.
     """
-    from nmtkit.data.preprocess_job import format_summary, run_preprocess
+    from nmtkit.preprocess_job import format_summary, run_preprocess
 
     console = stderr_console()
     progress = Progress(

@@ -14,6 +14,10 @@ Now:
   the old dataset there, and the next `preprocess` (`recover`) renames it back.
 - A directory being built or replaced is locked (flock) by its run, so `recover` removes only
   the leftovers of runs that are gone, never those of a run still going.
+
+A directory is an nmtkit dataset when it holds `MANIFEST_NAME` of format `FORMAT_NAME` (any
+version); both are defined here because replacing and restoring have to recognise a dataset, and
+nmtkit.data.manifest, which reads and writes the manifest itself, takes them from here.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from nmtkit.data.manifest import FORMAT_NAME, MANIFEST_NAME
 from nmtkit.errors import UserError
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
+
+MANIFEST_NAME = "manifest.json"  # written last: a directory holding it (complete) is a dataset
+FORMAT_NAME = "nmtkit-data"  # the manifest's "format": what nmtkit wrote, whatever its version
 
 _LOCKS: dict[str, int] = {}  # path -> fd holding the flock, while this process owns the directory
 

@@ -14,6 +14,10 @@ Entry points for other modules:
                                               once per file and process
 Every reader checks what it reads: load_dictionaries, nmtkit.data.shards.load_split and
 nmtkit.data.subwords.load_subword_model verify their files against the manifest.
+
+The file's name and format name (`MANIFEST_NAME`, `FORMAT_NAME`) come from nmtkit.data.install,
+which recognises a dataset by them, and are importable from here too; the format version is
+this module's.
 """
 
 from __future__ import annotations
@@ -23,11 +27,10 @@ import json
 import os
 from pathlib import Path
 
+from nmtkit.data.install import FORMAT_NAME, MANIFEST_NAME, interrupted_install_hint
 from nmtkit.errors import UserError
 from nmtkit.io import read_json
 
-MANIFEST_NAME = "manifest.json"
-FORMAT_NAME = "nmtkit-data"
 FORMAT_VERSION = 1
 
 
@@ -35,8 +38,6 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     """Read and check `DATA_DIR/manifest.json`; a missing one means an incomplete directory."""
     d = Path(data_dir)
     if not d.is_dir():
-        from nmtkit.data.install import interrupted_install_hint
-
         raise UserError(f"data directory not found: {d}{interrupted_install_hint(d)}")
     p = d / MANIFEST_NAME
     if not p.is_file():

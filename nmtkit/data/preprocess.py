@@ -81,10 +81,10 @@ SPM_CHILD_MIN_LINES = 200_000  # learn sentencepiece in a child process above th
 class PreprocessConfig:
     """The pipeline's settings; each field with `setting(...)` is an `nmtkit preprocess` flag, with
     its default and help text (docs/preprocess.md). The flags that select the task and the treebank
-    are PreprocessJob's (nmtkit.data.preprocess_job)."""
+    are PreprocessJob's (nmtkit.preprocess_job)."""
 
     # The languages and trainpref are required for translation; `nmtkit preprocess --task
-    # parsing` sets them itself (nmtkit.data.preprocess_job.PreprocessJob.from_flags).
+    # parsing` sets them itself (nmtkit.preprocess_job.PreprocessJob.from_flags).
     source_lang: str = setting(flag="--source-lang", aliases=("-s",), unset=True, help="Source language suffix, e.g. de (required for translation).")
     target_lang: str = setting(flag="--target-lang", aliases=("-t",), unset=True, help="Target language suffix, e.g. en (required for translation).")
     trainpref: str = setting(flag="--trainpref", unset=True, help="Training files prefix P: reads P.SRC and P.TGT (or .gz); --task parsing: a treebank P, P.trees or P.mrg (or .gz, or a folder).")
@@ -477,12 +477,48 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
     reused = reuse.resolve(cfg.srcdict, cfg.tgtdict, cfg.source_lang, cfg.target_lang, cfg.joined_dictionary, cfg.bpe)
     install.recover(dest, log)  # what a killed run left beside DESTDIR
     existing, owned = _check_destination(dest, inputs, cfg.force)
+    _refuse_reused_destination(dest, reused)
+    total_bytes = sum(p.stat().st_size for _, paths in inputs.values() for p in paths.values())
+    infos = _check_inputs(cfg, inputs, total_bytes, progress)
+    timings["check"] = time.perf_counter() - t0
+    log(f"checked {sum(len(v) for v in infos.values())} input files ({total_bytes / 1e6:,.1f} MB): "
+        f"{infos['train'][cfg.source_lang].lines:,} training pairs ({timings['check']:.1f}s)")
+    inputs_json = {s: {lang: i.as_json() for lang, i in v.items()} for s, v in infos.items()}
+    options = _output_options(cfg, reused)
+    fingerprint = _fingerprint(options, inputs_json)
+
+    if existing is not None and not cfg.force:
+        _check_same_dataset(dest, existing, owned, options, inputs_json, fingerprint)
+        log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
+        return PreprocessResult(dest, existing, True, timings)
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = install.temp_dir(dest)
+    try:
+        manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
+        _add_run_entries(cfg, tmp, dest, manifest, fingerprint, inputs_json)
+        write_manifest(tmp, manifest)  # last: its presence marks the directory complete
+        _apply_umask(tmp)
+        install.install(tmp, dest, owned)
+    except BaseException:
+        install.remove_temp_dir(tmp)
+        raise
+    timings["total"] = time.perf_counter() - t0
+    return PreprocessResult(dest, manifest, False, timings)
+
+
+def _refuse_reused_destination(dest: Path, reused) -> None:
+    """DESTDIR may not be the data directory --srcdict/--tgtdict reuses: replacing it would
+    delete the dictionaries and subword model being copied from it."""
     for side in (reused or {}).values():
         if side.data_dir is not None and side.data_dir.resolve() == dest.resolve():
             raise UserError(f"--destdir {dest} is the data directory {side.flag} reuses; choose another directory")
 
-    # 1. check every input before anything is written: UTF-8, line counts, checksums
-    total_bytes = sum(p.stat().st_size for _, paths in inputs.values() for p in paths.values())
+
+def _check_inputs(cfg: PreprocessConfig, inputs: dict[str, tuple[str, dict[str, Path]]], total_bytes: int,
+                  progress) -> dict[str, dict[str, TextFileInfo]]:
+    """Step 1: read every input once before anything is written (UTF-8, line counts, checksums),
+    so that a bad file stops the run at once, not after the subword model was learned."""
     task = _Task(progress, "checking inputs", total_bytes)
     infos: dict[str, dict[str, TextFileInfo]] = {}
     for split, (flag, paths) in inputs.items():
@@ -497,53 +533,50 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         if a.lines == 0:
             raise UserError(f"{flag}: {a.path} and {b.path} are empty")
     task.finish()
-    timings["check"] = time.perf_counter() - t0
-    log(f"checked {sum(len(v) for v in infos.values())} input files ({total_bytes / 1e6:,.1f} MB): "
-        f"{infos['train'][cfg.source_lang].lines:,} training pairs ({timings['check']:.1f}s)")
-    inputs_json = {s: {lang: i.as_json() for lang, i in v.items()} for s, v in infos.items()}
+    return infos
+
+
+def _output_options(cfg: PreprocessConfig, reused) -> dict:
+    """The options the fingerprint covers: the config's, and reused dictionaries by content."""
     options = cfg.output_options()
     if reused is not None:
         options["reused"] = {lang: reused[lang].describe() for lang in (cfg.source_lang, cfg.target_lang)}
-    fingerprint = _fingerprint(options, inputs_json)
+    return options
 
-    if existing is not None and not cfg.force:
-        if existing.get("fingerprint") != fingerprint:
-            foreign = install.foreign_entries(dest, owned)
-            hint = (f"it also holds {', '.join(foreign[:8])}, which --force would not remove: choose another --destdir"
-                    if foreign else "pass --force to replace it")
-            raise UserError(f"--destdir {dest} already holds a different dataset "
-                            f"({_describe_difference(existing, options, inputs_json)}); {hint}")
-        try:
-            verify_files(dest, existing)
-        except UserError as e:
-            raise UserError(f"--destdir {dest} holds this dataset but it is damaged: {e}; "
-                            "pass --force to rebuild it") from None
-        log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
-        return PreprocessResult(dest, existing, True, timings)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = install.temp_dir(dest)
+def _check_same_dataset(dest: Path, existing: dict, owned: set[str] | None, options: dict, inputs_json: dict,
+                        fingerprint: str) -> None:
+    """Without --force, DESTDIR may hold only this very dataset, intact: a different one (named
+    by what differs) or a damaged one (named by its file) is refused, never overwritten unasked."""
+    if existing.get("fingerprint") != fingerprint:
+        foreign = install.foreign_entries(dest, owned)
+        hint = (f"it also holds {', '.join(foreign[:8])}, which --force would not remove: choose another --destdir"
+                if foreign else "pass --force to replace it")
+        raise UserError(f"--destdir {dest} already holds a different dataset "
+                        f"({_describe_difference(existing, options, inputs_json)}); {hint}")
     try:
-        manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
-        for name, path in cfg.extra_files.items():
-            shutil.copyfile(path, tmp / name)
-            manifest["files"][name] = sha256_file(tmp / name)
-        manifest["files"] = dict(sorted(manifest["files"].items()))
-        for k, v in cfg.extra_manifest.items():
-            if k in manifest:
-                raise ValueError(f"extra manifest entry {k!r} would replace a standard one")
-            manifest[k] = v
-        recorded = dataclasses.asdict(cfg) | {"destdir": str(dest)}
-        recorded.pop("extra_manifest")
-        manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
-        write_manifest(tmp, manifest)  # last: its presence marks the directory complete
-        _apply_umask(tmp)
-        install.install(tmp, dest, owned)
-    except BaseException:
-        install.remove_temp_dir(tmp)
-        raise
-    timings["total"] = time.perf_counter() - t0
-    return PreprocessResult(dest, manifest, False, timings)
+        verify_files(dest, existing)
+    except UserError as e:
+        raise UserError(f"--destdir {dest} holds this dataset but it is damaged: {e}; "
+                        "pass --force to rebuild it") from None
+
+
+def _add_run_entries(cfg: PreprocessConfig, tmp: Path, dest: Path, manifest: dict, fingerprint: str,
+                     inputs_json: dict) -> None:
+    """Complete `_build`'s manifest with what the caller added (extra files, copied into `tmp` and
+    checksummed; extra entries) and what lets the next run find DESTDIR up to date (the
+    fingerprint, the inputs and the options as given)."""
+    for name, path in cfg.extra_files.items():
+        shutil.copyfile(path, tmp / name)
+        manifest["files"][name] = sha256_file(tmp / name)
+    manifest["files"] = dict(sorted(manifest["files"].items()))
+    for k, v in cfg.extra_manifest.items():
+        if k in manifest:
+            raise ValueError(f"extra manifest entry {k!r} would replace a standard one")
+        manifest[k] = v
+    recorded = dataclasses.asdict(cfg) | {"destdir": str(dest)}
+    recorded.pop("extra_manifest")
+    manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
 
 
 def _learn_lines(paths: list[tuple[Path, int]], max_lines: int, task: _Task) -> Iterator[str]:
@@ -678,154 +711,249 @@ def _grow_add(acc: np.ndarray, new: np.ndarray) -> np.ndarray:
     return acc
 
 
+@dataclass
+class _Build:
+    """What every step of one build shares: the settings, the folder it writes in, where it
+    reports, and the checksums of what it wrote (the manifest's "files"), so that each step
+    takes only its own inputs besides."""
+
+    cfg: PreprocessConfig
+    tmp: Path  # the hidden directory beside DESTDIR (nmtkit.data.install.temp_dir)
+    progress: object  # a rich Progress, or None
+    log: Callable[[str], None]
+    timings: dict[str, float]  # phase -> seconds (PreprocessResult.timings)
+    files: dict[str, str] = field(default_factory=dict)  # file name in tmp -> sha256
+
+    @property
+    def langs(self) -> tuple[str, str]:
+        return self.cfg.source_lang, self.cfg.target_lang
+
+
+@dataclass
+class _EncodedTrain:
+    """The training text after its one encoding pass, before the dictionaries exist: what the
+    dictionaries are built from, and the shards to rewrite with their ids."""
+
+    shards: dict[str, list[ShardInfo]]  # lang -> shards of provisional ids (uint32 .prov.bin)
+    counts: dict[str, np.ndarray]  # lang -> (provisional vocab,) int64: occurrences of each id
+    gvocab: dict[str, int]  # string token -> provisional id, shared by both sides (not sentencepiece)
+    dropped: Counter  # cleaning reason -> pairs dropped
+    lines: int  # pairs read, before cleaning
+
+
+@dataclass
+class _Side:
+    """One language's dictionary as its shards use it: the train shards are rewritten through
+    `table`, and valid/test are encoded against the same dictionary and dtype."""
+
+    dictionary: Dictionary
+    table: np.ndarray  # (provisional vocab,) int64: provisional id -> dictionary id
+    dtype: np.dtype  # of the shards' ids: the smallest that holds every dictionary id
+
+
 def _build(cfg, tmp: Path, inputs, infos, progress, log, timings, reused=None) -> dict:
-    """`reused`: {lang: nmtkit.data.reuse.ReusedSide} for --srcdict/--tgtdict (subword models
+    """Write the dataset into `tmp` and return its manifest (`preprocess` adds the run's own
+    entries). The steps run in this order because each needs the one before: subword models,
+    the training text encoded once, the dictionaries from its counts, the train shards in
+    dictionary ids, then valid/test.
+
+    `reused`: {lang: nmtkit.data.reuse.ReusedSide} for --srcdict/--tgtdict (subword models
     copied, dictionaries taken as they are), or None to learn both from the training text."""
-    src, tgt = cfg.source_lang, cfg.target_lang
-    langs = (src, tgt)
-    files: dict[str, str] = {}  # file name -> sha256
-
-    # 2. subword model(s)
-    t = time.perf_counter()
-    if reused is None:
-        sub = _learn_subwords(cfg, tmp, inputs, infos, progress, log)
-    else:
-        sub = reuse.install_subwords(reused, src, tgt, tmp)
-        log(f"reusing subword model(s) {', '.join(sorted(set(n for n in sub['files'].values() if n))) or 'none'} "
-            f"and the dictionaries of {', '.join(sorted(set(sub['reused_from'].values())))}")
-    for name in set(n for n in sub["files"].values() if n):
-        files[name] = sha256_file(tmp / name)
-    model_files = {lang: (str(tmp / n) if n else None) for lang, n in sub["files"].items()}
-    timings["learn"] = time.perf_counter() - t
-
-    kinds = sub["kinds"]
-    spm_mode = {lang: kinds[lang] == "sentencepiece" for lang in langs}  # sentencepiece ids, not strings
-    encoder = _Encoder(kinds, model_files, cfg.workers)
+    b = _Build(cfg, tmp, progress, log, timings)
+    sub, model_files = _subword_models(b, inputs, infos, reused)
+    spm_mode = {lang: sub["kinds"][lang] == "sentencepiece" for lang in b.langs}  # sentencepiece ids, not strings
+    encoder = _Encoder(sub["kinds"], model_files, cfg.workers)
     ok = False
     try:
-        # 3. encode the training text once: provisional ids + counts, cleaning as we go
-        t, cpu0, wcpu0 = time.perf_counter(), time.process_time(), encoder.worker_cpu
-        train_paths = inputs["train"][1]
-        n_train = infos["train"][src].lines
-        task = _Task(progress, "encoding train", n_train)
-        writers = {lang: ShardSetWriter(tmp, "train", lang, np.dtype("<u4"), cfg.shard_size, suffix=".prov")
-                   for lang in langs}
-        counts = {lang: np.zeros(0, np.int64) for lang in langs}
-        gvocab: dict[str, int] = {}  # string tokens -> provisional id (shared by both languages)
-        dropped = Counter({r: 0 for r in CLEAN_REASONS})
-        for res in encoder.map(_pair_jobs(src, tgt, train_paths[src], train_paths[tgt])):
-            (fs, ls, vs), (ft, lt, vt) = res
-            if not spm_mode[src]:
-                fs = _globalize(fs, vs, gvocab)
-            if not spm_mode[tgt]:
-                ft = _globalize(ft, vt, gvocab)
-            keep, reasons = clean_mask(ls, lt, cfg.min_len, cfg.max_len, cfg.ratio)
-            dropped.update(reasons)
-            if not keep.all():
-                fs, ls = fs[np.repeat(keep, ls)], ls[keep]
-                ft, lt = ft[np.repeat(keep, lt)], lt[keep]
-            for lang, f, lens in ((src, fs, ls), (tgt, ft, lt)):
-                counts[lang] = _grow_add(counts[lang], np.bincount(f))
-                writers[lang].add(f, lens)
-            task.advance(len(keep))
-        task.finish()
-        prov = {lang: writers[lang].close() for lang in langs}
-        kept = sum(s.sentences for s in prov[src])
-        if kept == 0:
-            raise UserError(f"--trainpref {cfg.trainpref}: no sentence pair left after cleaning "
-                            f"(dropped: {_reasons_text(dropped)}); check --min-len/--max-len/--ratio")
-        timings["encode_train"] = time.perf_counter() - t
-        log(f"encoded train: {n_train:,} pairs in {timings['encode_train']:.1f}s "
-            f"({n_train / max(timings['encode_train'], 1e-9):,.0f} pairs/s); kept {kept:,}, "
-            f"cleaning dropped {sum(dropped.values()):,} ({_reasons_text(dropped)})")
-
-        # 4. dictionaries from the counts
-        tokens = {lang: _spm_pieces(model_files[lang]) if spm_mode[lang] else list(gvocab) for lang in langs}
-        # sentencepiece: every piece of the model enters the dictionary (count 0 if the encoded
-        # training text never used it), so valid/test/new input never turn a piece the model
-        # can emit into <unk>; string tokens: only those seen (fairseq), as nothing else is known.
-        tok_counts = {lang: _token_counts(tokens[lang], counts[lang], keep_zero=spm_mode[lang]) for lang in langs}
-        if reused is not None:  # the model's own dictionaries, unchanged: same ids, same sha256
-            dicts = {lang: reused[lang].dictionary for lang in langs}
-        elif cfg.joined_dictionary:
-            joint = Counter(tok_counts[src])
-            joint.update(tok_counts[tgt])
-            d = Dictionary.from_counts(joint, nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
-                                       pad_to_multiple=cfg.pad_to_multiple)
-            dicts = {src: d, tgt: d}
-        else:
-            dicts = {
-                src: Dictionary.from_counts(tok_counts[src], nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
-                                            pad_to_multiple=cfg.pad_to_multiple),
-                tgt: Dictionary.from_counts(tok_counts[tgt], nwords=cfg.nwordstgt, threshold=cfg.thresholdtgt,
-                                            pad_to_multiple=cfg.pad_to_multiple),
-            }
-        dict_entry: dict = {"joined": cfg.joined_dictionary or (reused is not None and dicts[src].sha256 == dicts[tgt].sha256)}
-        for lang in langs:
-            name = f"dict.{lang}.txt"
-            files[name] = dicts[lang].save(tmp / name)
-            dict_entry[lang] = {"file": name, "size": len(dicts[lang])}
-        dtypes = {lang: dtype_for_vocab(len(dicts[lang])) for lang in langs}
-        log(f"dictionaries: {src} {len(dicts[src]):,}, {tgt} {len(dicts[tgt]):,}"
-            f"{' (joined)' if dict_entry['joined'] else ''}; shards in {dtypes[src].name}/{dtypes[tgt].name}")
-
-        # 5. provisional ids -> dictionary ids
-        t = time.perf_counter()
-        splits: dict = {}
-        tables = {lang: _table(dicts[lang], tokens[lang]) for lang in langs}
-        total_tokens = sum(s.tokens for lang in langs for s in prov[lang])
-        task = _Task(progress, "writing train shards", total_tokens)
-        final: dict[str, list[ShardInfo]] = {}
-        unk = {}
-        for lang in langs:
-            final[lang], unk[lang] = [], 0
-            for info in prov[lang]:
-                shard, n_unk = _remap_shard(tmp, info, tables[lang], dtypes[lang], dicts[lang].unk, task)
-                final[lang].append(shard)
-                unk[lang] += n_unk
-        task.finish()
-        splits["train"] = _split_entry(langs, final, unk, infos["train"][src].lines, dropped, files)
-        for lang in langs:
-            msg = _unk_warning(cfg, lang, unk[lang], sum(s.tokens for s in prov[lang]))
-            if msg:
-                log(msg)
-        timings["write_train"] = time.perf_counter() - t
+        cpu0, wcpu0 = time.process_time(), encoder.worker_cpu
+        train = _encode_train(b, encoder, inputs["train"][1], infos["train"][cfg.source_lang].lines, spm_mode)
+        sides, dict_entry = _dictionaries(b, train, model_files, spm_mode, reused)
+        splits = {"train": _write_train(b, train, sides)}
         timings["binarize_cpu"] = time.process_time() - cpu0 + encoder.worker_cpu - wcpu0
-
-        # 6. valid/test: every line, in order, no cleaning
         t = time.perf_counter()
-        for split in inputs:
-            if split == "train":
-                continue
-            paths = inputs[split][1]
-            n = infos[split][src].lines
-            task = _Task(progress, f"encoding {split}", n)
-            w = {lang: ShardSetWriter(tmp, split, lang, dtypes[lang], cfg.shard_size) for lang in langs}
-            sunk = {lang: 0 for lang in langs}
-            for res in encoder.map(_pair_jobs(src, tgt, paths[src], paths[tgt])):
-                for lang, (f, lens, vocab) in zip(langs, res):
-                    table = tables[lang] if vocab is None else _table(dicts[lang], vocab)
-                    ids = table[f].astype(dtypes[lang], copy=False)
-                    sunk[lang] += int(np.count_nonzero(ids == dicts[lang].unk))
-                    w[lang].add(ids, lens)
-                task.advance(len(res[0][1]))
-            task.finish()
-            shards = {lang: w[lang].close() for lang in langs}
-            splits[split] = _split_entry(langs, shards, sunk, n, None, files)
-            log(f"encoded {split}: {n:,} pairs (every line kept), <unk>: {src} {sunk[src]}, {tgt} {sunk[tgt]}")
+        for split, (_, paths) in inputs.items():
+            if split != "train":
+                lines = infos[split][cfg.source_lang].lines
+                splits[split] = _encode_eval_split(b, encoder, split, paths, lines, sides)
         timings["encode_eval"] = time.perf_counter() - t
         ok = True
     finally:
         encoder.close(ok)
+    return _manifest_entries(cfg, sub, dict_entry, splits, b.files)
 
+
+def _subword_models(b: _Build, inputs, infos, reused) -> tuple[dict, dict[str, str | None]]:
+    """Step 2: the subword model(s), learned on the training text or copied from the reused data
+    directory; returns the manifest's "subword" entry and lang -> model file (None: no model)."""
+    t = time.perf_counter()
+    if reused is None:
+        sub = _learn_subwords(b.cfg, b.tmp, inputs, infos, b.progress, b.log)
+    else:
+        sub = reuse.install_subwords(reused, b.cfg.source_lang, b.cfg.target_lang, b.tmp)
+        b.log(f"reusing subword model(s) {', '.join(sorted(set(n for n in sub['files'].values() if n))) or 'none'} "
+              f"and the dictionaries of {', '.join(sorted(set(sub['reused_from'].values())))}")
+    for name in set(n for n in sub["files"].values() if n):
+        b.files[name] = sha256_file(b.tmp / name)
+    model_files = {lang: (str(b.tmp / n) if n else None) for lang, n in sub["files"].items()}
+    b.timings["learn"] = time.perf_counter() - t
+    return sub, model_files
+
+
+def _encode_train(b: _Build, encoder: _Encoder, paths: dict[str, Path], lines: int,
+                  spm_mode: dict[str, bool]) -> _EncodedTrain:
+    """Step 3: encode the training text once (module docstring): provisional ids are written
+    and counted while the chunks arrive, and cleaning drops pairs on the way."""
+    src, tgt = b.langs
+    t = time.perf_counter()
+    task = _Task(b.progress, "encoding train", lines)
+    writers = {lang: ShardSetWriter(b.tmp, "train", lang, np.dtype("<u4"), b.cfg.shard_size, suffix=".prov")
+               for lang in b.langs}
+    counts = {lang: np.zeros(0, np.int64) for lang in b.langs}
+    gvocab: dict[str, int] = {}
+    dropped = Counter({r: 0 for r in CLEAN_REASONS})
+    for res in encoder.map(_pair_jobs(src, tgt, paths[src], paths[tgt])):
+        for lang, (flat, lens) in zip(b.langs, _clean_chunk(b.cfg, res, spm_mode, gvocab, dropped)):
+            counts[lang] = _grow_add(counts[lang], np.bincount(flat))
+            writers[lang].add(flat, lens)
+        task.advance(len(res[0][1]))  # pairs in the chunk, before cleaning
+    task.finish()
+    train = _EncodedTrain({lang: writers[lang].close() for lang in b.langs}, counts, gvocab, dropped, lines)
+    _report_train(b, train, time.perf_counter() - t)
+    return train
+
+
+def _clean_chunk(cfg: PreprocessConfig, res, spm_mode: dict[str, bool], gvocab: dict[str, int], dropped: Counter):
+    """One encoded chunk of the training text in global provisional ids, less the pairs that
+    cleaning drops (counted into `dropped`): ((src ids, src lengths), (tgt ids, tgt lengths)),
+    ids (tokens,) uint32, every sentence's ids end to end; lengths (pairs,) int64."""
+    (fs, ls, vs), (ft, lt, vt) = res
+    if not spm_mode[cfg.source_lang]:
+        fs = _globalize(fs, vs, gvocab)
+    if not spm_mode[cfg.target_lang]:
+        ft = _globalize(ft, vt, gvocab)
+    keep, reasons = clean_mask(ls, lt, cfg.min_len, cfg.max_len, cfg.ratio)  # keep: (pairs,) bool
+    dropped.update(reasons)
+    if not keep.all():
+        fs, ls = fs[np.repeat(keep, ls)], ls[keep]
+        ft, lt = ft[np.repeat(keep, lt)], lt[keep]
+    return (fs, ls), (ft, lt)
+
+
+def _report_train(b: _Build, train: _EncodedTrain, seconds: float) -> None:
+    """Refuse a training text that cleaning emptied (naming the flags to look at); else log
+    how fast it was encoded and what cleaning dropped."""
+    kept = sum(s.sentences for s in train.shards[b.cfg.source_lang])
+    if kept == 0:
+        raise UserError(f"--trainpref {b.cfg.trainpref}: no sentence pair left after cleaning "
+                        f"(dropped: {_reasons_text(train.dropped)}); check --min-len/--max-len/--ratio")
+    b.timings["encode_train"] = seconds
+    b.log(f"encoded train: {train.lines:,} pairs in {seconds:.1f}s "
+          f"({train.lines / max(seconds, 1e-9):,.0f} pairs/s); kept {kept:,}, "
+          f"cleaning dropped {sum(train.dropped.values()):,} ({_reasons_text(train.dropped)})")
+
+
+def _dictionaries(b: _Build, train: _EncodedTrain, model_files: dict[str, str | None], spm_mode: dict[str, bool],
+                  reused) -> tuple[dict[str, _Side], dict]:
+    """Step 4: the dictionaries, built from the training counts (or the reused ones) and saved;
+    returns per language what its shards need, and the manifest's "dictionaries" entry."""
+    src, tgt = b.langs
+    tokens = {lang: _spm_pieces(model_files[lang]) if spm_mode[lang] else list(train.gvocab) for lang in b.langs}
+    if reused is not None:  # the model's own dictionaries, unchanged: same ids, same sha256
+        dicts = {lang: reused[lang].dictionary for lang in b.langs}
+    else:
+        # sentencepiece: every piece of the model enters the dictionary (count 0 if the encoded
+        # training text never used it), so valid/test/new input never turn a piece the model
+        # can emit into <unk>; string tokens: only those seen (fairseq), as nothing else is known.
+        tok_counts = {lang: _token_counts(tokens[lang], train.counts[lang], keep_zero=spm_mode[lang]) for lang in b.langs}
+        dicts = _count_dictionaries(b.cfg, tok_counts)
+    entry: dict = {"joined": b.cfg.joined_dictionary or (reused is not None and dicts[src].sha256 == dicts[tgt].sha256)}
+    for lang in b.langs:
+        name = f"dict.{lang}.txt"
+        b.files[name] = dicts[lang].save(b.tmp / name)
+        entry[lang] = {"file": name, "size": len(dicts[lang])}
+    sides = {lang: _Side(dicts[lang], _table(dicts[lang], tokens[lang]), dtype_for_vocab(len(dicts[lang])))
+             for lang in b.langs}
+    b.log(f"dictionaries: {src} {len(dicts[src]):,}, {tgt} {len(dicts[tgt]):,}"
+          f"{' (joined)' if entry['joined'] else ''}; shards in {sides[src].dtype.name}/{sides[tgt].dtype.name}")
+    return sides, entry
+
+
+def _count_dictionaries(cfg: PreprocessConfig, tok_counts: dict[str, dict[str, int]]) -> dict[str, Dictionary]:
+    """lang -> Dictionary from the token counts under the --nwords*/--threshold* caps: one shared
+    by both sides with --joined-dictionary (the source side's caps), else one per side."""
+    src, tgt = cfg.source_lang, cfg.target_lang
+    if cfg.joined_dictionary:
+        joint = Counter(tok_counts[src])
+        joint.update(tok_counts[tgt])
+        d = Dictionary.from_counts(joint, nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
+                                   pad_to_multiple=cfg.pad_to_multiple)
+        return {src: d, tgt: d}
+    return {
+        src: Dictionary.from_counts(tok_counts[src], nwords=cfg.nwordssrc, threshold=cfg.thresholdsrc,
+                                    pad_to_multiple=cfg.pad_to_multiple),
+        tgt: Dictionary.from_counts(tok_counts[tgt], nwords=cfg.nwordstgt, threshold=cfg.thresholdtgt,
+                                    pad_to_multiple=cfg.pad_to_multiple),
+    }
+
+
+def _write_train(b: _Build, train: _EncodedTrain, sides: dict[str, _Side]) -> dict:
+    """Step 5: the provisional train shards rewritten in dictionary ids (a cheap vectorized pass,
+    instead of a second encoding); returns the train split's manifest entry. Warns when the
+    dictionary caps turned most training tokens into <unk>."""
+    t = time.perf_counter()
+    task = _Task(b.progress, "writing train shards", sum(s.tokens for lang in b.langs for s in train.shards[lang]))
+    final: dict[str, list[ShardInfo]] = {}
+    unk = {}
+    for lang in b.langs:
+        side = sides[lang]
+        final[lang], unk[lang] = [], 0
+        for info in train.shards[lang]:
+            shard, n_unk = _remap_shard(b.tmp, info, side.table, side.dtype, side.dictionary.unk, task)
+            final[lang].append(shard)
+            unk[lang] += n_unk
+    task.finish()
+    entry = _split_entry(b.langs, final, unk, train.lines, train.dropped, b.files)
+    for lang in b.langs:
+        msg = _unk_warning(b.cfg, lang, unk[lang], sum(s.tokens for s in train.shards[lang]))
+        if msg:
+            b.log(msg)
+    b.timings["write_train"] = time.perf_counter() - t
+    return entry
+
+
+def _encode_eval_split(b: _Build, encoder: _Encoder, split: str, paths: dict[str, Path], lines: int,
+                       sides: dict[str, _Side]) -> dict:
+    """Step 6: one valid/test split, every line in order and no cleaning (generation output must
+    align line for line with the references); returns its manifest entry."""
+    src, tgt = b.langs
+    task = _Task(b.progress, f"encoding {split}", lines)
+    writers = {lang: ShardSetWriter(b.tmp, split, lang, sides[lang].dtype, b.cfg.shard_size) for lang in b.langs}
+    unk = {lang: 0 for lang in b.langs}
+    for res in encoder.map(_pair_jobs(src, tgt, paths[src], paths[tgt])):
+        for lang, (flat, lens, vocab) in zip(b.langs, res):
+            side = sides[lang]
+            table = side.table if vocab is None else _table(side.dictionary, vocab)
+            ids = table[flat].astype(side.dtype, copy=False)  # (tokens,)
+            unk[lang] += int(np.count_nonzero(ids == side.dictionary.unk))
+            writers[lang].add(ids, lens)
+        task.advance(len(res[0][1]))
+    task.finish()
+    entry = _split_entry(b.langs, {lang: writers[lang].close() for lang in b.langs}, unk, lines, None, b.files)
+    b.log(f"encoded {split}: {lines:,} pairs (every line kept), <unk>: {src} {unk[src]}, {tgt} {unk[tgt]}")
+    return entry
+
+
+def _manifest_entries(cfg: PreprocessConfig, sub: dict, dict_entry: dict, splits: dict,
+                      files: dict[str, str]) -> dict:
+    """The manifest of what `_build` wrote (schema: docs/formats.md)."""
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "complete": True,
         "nmtkit_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source_lang": src,
-        "target_lang": tgt,
+        "source_lang": cfg.source_lang,
+        "target_lang": cfg.target_lang,
         "subword": sub,
         "dictionaries": dict_entry,
         "splits": splits,

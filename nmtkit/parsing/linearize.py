@@ -260,6 +260,21 @@ def repair(
     check_pos_mode(pos)
     toks, wl = _tokens(seq), _words(words)
     root = Tree(TOP)
+    stack, pres, opened = _read_leniently(root, toks, pos)
+    n = len(pres)
+    _give_words(pres, wl, _stopping_point(root, stack, pres), default_tag)
+    if n <= len(wl) and all(node.children for node in opened):
+        return root  # nothing to drop, and every constituent has a child, hence a word below it
+    # Constituents that never received a preterminal are childless here; remove_empty drops them
+    # (and the _DROP preterminals) bottom-up, iteratively, so deep garbage cannot recurse.
+    cleaned = remove_empty(root, empty_tags=(_DROP,))
+    return cleaned if cleaned is not None else Tree(TOP)
+
+
+def _read_leniently(root: Tree, toks: list[str], pos: str) -> tuple[list[Tree], list[Tree], list[Tree]]:
+    """Steps 1-4 of `repair`: the tokens read into `root` left to right, where no token is an
+    error. Returns the constituents still open (TOP first, innermost last), the preterminals in
+    order (no words yet) and every constituent opened."""
     stack = [root]
     pres: list[Tree] = []
     opened: list[Tree] = []
@@ -271,28 +286,44 @@ def repair(
             stack.append(node)
             opened.append(node)
         elif kind == _CLOSE:
-            if len(stack) == 1:
-                continue
-            target = len(stack) - 1
-            if label and stack[target].label != label:
-                for i in range(len(stack) - 2, 0, -1):
-                    if stack[i].label == label:
-                        target = i
-                        break
-            del stack[target:]
+            _close(stack, label)
         elif kind == _PRE:
             node = Tree(label)
             stack[-1].children.append(node)
             pres.append(node)
         # _UNKNOWN: dropped
+    return stack, pres, opened
+
+
+def _close(stack: list[Tree], label: str) -> None:
+    """Step 2 of `repair`: close the innermost open constituent labeled `label` with all opened
+    inside it, else (a mislabeled or bare `)`) the innermost one; with only TOP open, nothing."""
+    if len(stack) == 1:
+        return
+    target = len(stack) - 1
+    if label and stack[target].label != label:
+        for i in range(len(stack) - 2, 0, -1):
+            if stack[i].label == label:
+                target = i
+                break
+    del stack[target:]
+
+
+def _stopping_point(root: Tree, stack: list[Tree], pres: list[Tree]) -> Tree:
+    """Step 5 of `repair`: where the sequence stopped, the place for missing preterminals (a
+    sequence cut off by the length limit usually misses its last words)."""
     # Preterminals have no word yet, so tell them from constituents by identity.
     pre_ids = {id(p) for p in pres}
     if len(stack) > 1:
-        stopped = stack[-1]
-    elif root.children and id(root.children[-1]) not in pre_ids:
-        stopped = root.children[-1]  # type: ignore[assignment]
-    else:
-        stopped = root
+        return stack[-1]
+    if root.children and id(root.children[-1]) not in pre_ids:
+        return root.children[-1]  # type: ignore[return-value]
+    return root
+
+
+def _give_words(pres: list[Tree], wl: list[str], stopped: Tree, default_tag: str) -> None:
+    """Steps 6-7 of `repair`: missing preterminals appended at `stopped` with `default_tag`,
+    extra ones (from the right) marked for removal, then the i-th preterminal gets the i-th word."""
     n, m = len(pres), len(wl)
     if n < m:
         for _ in range(m - n):
@@ -303,14 +334,8 @@ def repair(
         if i < m:
             node.children.append(wl[i])
         else:
-            node.label = _DROP  # removed below together with what it leaves empty
+            node.label = _DROP  # removed by `repair` together with what it leaves empty
             node.children.append("")
-    if n <= m and all(node.children for node in opened):
-        return root  # nothing to drop, and every constituent has a child, hence a word below it
-    # Constituents that never received a preterminal are childless here; remove_empty drops them
-    # (and the _DROP preterminals) bottom-up, iteratively, so deep garbage cannot recurse.
-    cleaned = remove_empty(root, empty_tags=(_DROP,))
-    return cleaned if cleaned is not None else Tree(TOP)
 
 
 # ------------------------------------------------------------------------------ output for scoring

@@ -158,56 +158,78 @@ def preprocess_parsing(inputs: TreebankInputs, cfg: PreprocessConfig, *, progres
     """
     log = log or (lambda msg: None)
     inputs.validate()
-    if cfg.joined_dictionary:
-        raise UserError("--joined-dictionary does not apply to --task parsing: words and tree tokens "
-                        "have separate dictionaries (transformer_parse shares no embeddings)")
-    base = dataclasses.replace(cfg, source_lang=SOURCE_LANG, target_lang=TARGET_LANG, trainpref="-",
-                               validpref=[], testpref=[], target_bpe="none", joint_bpe=False,
-                               extra_files={}, extra_manifest={})
-    base.validate()  # flag mistakes before the treebank is read
+    base = _parsing_config(cfg)  # flag mistakes before the treebank is read
     splits, sources = _split_sources(inputs)
 
     dest = Path(cfg.destdir)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".treebank-text", dir=dest.parent))
     try:
-        stats: dict[str, SplitStats] = {}
-        for name, trees in splits.items():
-            stats[name] = write_split(trees, tmp / name, inputs.pos, split=name)
-            s = stats[name]
-            if s.sentences == 0:
-                raise UserError(f"{', '.join(sources[name])}: no tree with words for split {name!r} "
-                                f"({s.trees} trees read, {s.dropped_empty} without words)")
-            log(f"{name}: {s.sentences:,} trees ({s.words:,} words, {s.target_tokens:,} target tokens, "
-                f"longest {s.max_words} words / {s.max_target_tokens} tokens)"
-                + (f", {s.dropped_empty} without words dropped" if s.dropped_empty else ""))
-        evals = [n for n in stats if n != "train"]
-        extra_files: dict[str, str] = {}
-        for n in evals:
-            paths = split_paths(tmp / n)
-            extra_files[f"{n}.{GOLD_SUFFIX}"] = str(paths["gold"])
-            extra_files[f"{n}.{WORDS_SUFFIX}"] = str(paths[SOURCE_SUFFIX])
-        info = {
-            "pos_tags": inputs.pos,
-            "split_scheme": inputs.split,
-            "gold": {n: f"{n}.{GOLD_SUFFIX}" for n in evals},
-            "words": {n: f"{n}.{WORDS_SUFFIX}" for n in evals},
-            "sources": sources,
-            "splits": {n: {k: v for k, v in s.to_dict().items() if k not in ("split", "prefix")}
-                       for n, s in stats.items()},
-        }
-        run = dataclasses.replace(
-            base,
-            trainpref=str(tmp / "train"),
-            validpref=[str(tmp / n) for n in evals if n.startswith("valid")],
-            testpref=[str(tmp / n) for n in evals if n.startswith("test")],
-            extra_files=extra_files,
-            extra_manifest={"task": TASK, "parsing": info},
-        )
-        result = preprocess(run, progress=progress, log=log)
+        stats = _write_prepared_text(splits, sources, tmp, inputs.pos, log)
+        result = preprocess(_prepared_config(base, tmp, inputs, sources, stats), progress=progress, log=log)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ParsingResult(result, stats)
+
+
+def _parsing_config(cfg: PreprocessConfig) -> PreprocessConfig:
+    """`cfg` with what the parsing task fixes (languages, no subword model on the target side),
+    checked, so that a flag mistake is reported before the treebank is read."""
+    if cfg.joined_dictionary:
+        raise UserError("--joined-dictionary does not apply to --task parsing: words and tree tokens "
+                        "have separate dictionaries (transformer_parse shares no embeddings)")
+    base = dataclasses.replace(cfg, source_lang=SOURCE_LANG, target_lang=TARGET_LANG, trainpref="-",
+                               validpref=[], testpref=[], target_bpe="none", joint_bpe=False,
+                               extra_files={}, extra_manifest={})
+    base.validate()
+    return base
+
+
+def _write_prepared_text(splits: dict[str, Iterable[Tree]], sources: dict[str, list[str]], tmp: Path, pos: str,
+                         log: Callable[[str], None]) -> dict[str, SplitStats]:
+    """Each split's trees as parallel text (words, linearized trees, gold trees) under `tmp`; a
+    split without one tree with words is refused, naming where its trees came from."""
+    stats: dict[str, SplitStats] = {}
+    for name, trees in splits.items():
+        stats[name] = write_split(trees, tmp / name, pos, split=name)
+        s = stats[name]
+        if s.sentences == 0:
+            raise UserError(f"{', '.join(sources[name])}: no tree with words for split {name!r} "
+                            f"({s.trees} trees read, {s.dropped_empty} without words)")
+        log(f"{name}: {s.sentences:,} trees ({s.words:,} words, {s.target_tokens:,} target tokens, "
+            f"longest {s.max_words} words / {s.max_target_tokens} tokens)"
+            + (f", {s.dropped_empty} without words dropped" if s.dropped_empty else ""))
+    return stats
+
+
+def _prepared_config(base: PreprocessConfig, tmp: Path, inputs: TreebankInputs, sources: dict[str, list[str]],
+                     stats: dict[str, SplitStats]) -> PreprocessConfig:
+    """The `preprocess` run over the prepared text: its splits as prefixes, the gold trees and
+    words of every valid/test split as extra files (generate and score read them from DESTDIR),
+    and the manifest's "task" and "parsing" entries."""
+    evals = [n for n in stats if n != "train"]
+    extra_files: dict[str, str] = {}
+    for n in evals:
+        paths = split_paths(tmp / n)
+        extra_files[f"{n}.{GOLD_SUFFIX}"] = str(paths["gold"])
+        extra_files[f"{n}.{WORDS_SUFFIX}"] = str(paths[SOURCE_SUFFIX])
+    info = {
+        "pos_tags": inputs.pos,
+        "split_scheme": inputs.split,
+        "gold": {n: f"{n}.{GOLD_SUFFIX}" for n in evals},
+        "words": {n: f"{n}.{WORDS_SUFFIX}" for n in evals},
+        "sources": sources,
+        "splits": {n: {k: v for k, v in s.to_dict().items() if k not in ("split", "prefix")}
+                   for n, s in stats.items()},
+    }
+    return dataclasses.replace(
+        base,
+        trainpref=str(tmp / "train"),
+        validpref=[str(tmp / n) for n in evals if n.startswith("valid")],
+        testpref=[str(tmp / n) for n in evals if n.startswith("test")],
+        extra_files=extra_files,
+        extra_manifest={"task": TASK, "parsing": info},
+    )
 
 
 # ---------------------------------------------------------------------------------- generate

@@ -6,6 +6,9 @@ translation, or parsing through nmtkit.parsing.pipeline, which prepares a treeba
 text first), the defaults that depend on it (parsing: fixed languages, no train cleaning unless
 asked), the flags that apply to one task only, and the summary printed at the end. The CLI
 (nmtkit.cli.preprocess) only parses flags, shows progress bars and prints.
+
+Why here, above nmtkit.data and nmtkit.parsing: a job runs either the data pipeline or the
+parsing pipeline built on it, so it imports both, and the data layer imports nothing of parsing.
 """
 
 from __future__ import annotations
