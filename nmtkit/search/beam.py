@@ -238,6 +238,39 @@ def _hyp(tokens: torch.Tensor, length: int, pos: torch.Tensor, score: float) -> 
     )
 
 
+# --------------------------------------------------------------------------------------------
+# Beam search. One step: scores (model + rules) -> pruning (the K best live extensions) ->
+# finishing (</s> extensions, finished sentences) -> reordering (rows, caches).
+
+
+@dataclass
+class _BeamState:
+    """What beam search carries from one step to the next; the step functions replace fields.
+
+    Rows are sentence-major: live row r is beam r % kc of active sentence r // kc. B' is the
+    number of active sentences (`n_active`) and N = B' * kc the number of live rows; a sentence
+    that finishes leaves every tensor at the end of its step.
+    """
+
+    T: int  # the largest output limit of the batch: steps 0..T
+    tokens: torch.Tensor  # (N, T + 2) long: <s> y1 .. y_{T+1} of the live rows
+    pos_scores: torch.Tensor  # (N, T + 1) per-token log-probs of the live rows
+    alive: torch.Tensor  # (B', kc) cumulative log-probs of the live hypotheses
+    fin_scores: torch.Tensor  # (B', K) penalised scores of the finished ones, sorted best first
+    fin_tokens: torch.Tensor  # (B', K, T + 1) long
+    fin_pos: torch.Tensor  # (B', K, T + 1)
+    fin_len: torch.Tensor  # (B', K) long: tokens before </s>
+    sent_ids: torch.Tensor  # (B',) original index of each active sentence
+    max_len: torch.Tensor  # (B',) output limits
+    min_len: torch.Tensor  # (B',) max_len wins over min_len
+    row_max_len: torch.Tensor  # (N,) per-row copies of the limits, for _apply_rules
+    row_min_len: torch.Tensor  # (N,)
+    encs: list  # per model: the encoder output, one row per live row
+    caches: list  # per model: the decoder cache, one row per live row
+    kc: int  # live rows per sentence: 1 for the first step, then K
+    n_active: int  # B'
+
+
 def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
     """Beam search over (batch x beam) flattened rows.
 
@@ -258,137 +291,213 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     The first step runs on one row per sentence (all beams would be identical), so the
     encoder-side keys/values are computed once per sentence and then copied to the beams.
     """
+    st = _beam_start(ens, src_tokens, cfg)
+    results: list[list[Hypothesis]] = [[] for _ in range(src_tokens.size(0))]
+    for t in range(st.T + 1):
+        lprobs, eos_lp, eos_cum = _beam_scores(ens, st, t, cfg)  # (N, V), (N,), (B', kc)
+        top_lp, beam, tok, step_lp = _beam_prune(st, lprobs, cfg)  # (B', K) each
+        _beam_finish(st, t, top_lp, eos_lp, eos_cum, cfg)
+        done = _beam_done(st, t, top_lp, cfg)  # (B',)
+        keep = None
+        if bool(done.any()):
+            _beam_collect(st, done, results, cfg)
+            keep = (~done).nonzero().view(-1)  # (B'',)
+            if keep.numel() == 0:
+                break
+        _beam_reorder(ens, st, t, top_lp, beam, tok, step_lp, keep, cfg)
+    return results
+
+
+def _beam_start(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> _BeamState:
+    """The state before step 0: one live row per sentence (`<s>`, log-prob 0), no finished one.
+
+    One row and not K: all K beams would be identical at the first step, so the encoder output
+    and the first decoder step are computed once per sentence; the first reordering copies them
+    to the beams.
+    """
     device = src_tokens.device
     B, K = src_tokens.size(0), cfg.beam
-    inf = math.inf
-
     max_len = max_lengths(src_tokens, cfg).to(device)  # (B,)
     min_len = torch.clamp(max_len, max=cfg.min_len)  # (B,) max_len wins over min_len
     T = int(max_len.max())
-    # The bound needs log-probs <= 0; a negative --unk-penalty (a reward) breaks it.
-    bound_stop = cfg.early_stop == "bound" and cfg.unk_penalty >= 0
-    fairseq_stop = cfg.early_stop == "beam"
-
-    encs = ens.encode(src_tokens)  # one row per sentence until the first step is done
-    caches = ens.new_cache()
-    kc = 1  # live rows per sentence: 1 for the first step, then K
-
     tokens = torch.full((B, T + 2), cfg.pad, dtype=torch.long, device=device)  # <s> y1 .. y_{T+1}
     tokens[:, 0] = cfg.bos
-    pos_scores = torch.zeros(B, T + 1, device=device)  # per-token log-probs of live rows
-    alive = torch.zeros(B, 1, device=device)  # (B', kc) cumulative log-prob of live hypotheses
+    return _BeamState(
+        T=T,
+        tokens=tokens,
+        pos_scores=torch.zeros(B, T + 1, device=device),
+        alive=torch.zeros(B, 1, device=device),
+        fin_scores=torch.full((B, K), -math.inf, device=device),
+        fin_tokens=torch.full((B, K, T + 1), cfg.pad, dtype=torch.long, device=device),
+        fin_pos=torch.zeros(B, K, T + 1, device=device),
+        fin_len=torch.zeros(B, K, dtype=torch.long, device=device),
+        sent_ids=torch.arange(B, device=device),
+        max_len=max_len,
+        min_len=min_len,
+        row_max_len=max_len,  # kc = 1: one row per sentence
+        row_min_len=min_len,
+        encs=ens.encode(src_tokens),
+        caches=ens.new_cache(),
+        kc=1,
+        n_active=B,
+    )
 
-    fin_scores = torch.full((B, K), -inf, device=device)  # penalised scores, sorted best first
-    fin_tokens = torch.full((B, K, T + 1), cfg.pad, dtype=torch.long, device=device)
-    fin_pos = torch.zeros(B, K, T + 1, device=device)
-    fin_len = torch.zeros(B, K, dtype=torch.long, device=device)
 
-    sent_ids = torch.arange(B, device=device)  # original index of each active sentence
-    results: list[list[Hypothesis]] = [[] for _ in range(B)]
-    n_active = B
-    row_max_len, row_min_len = max_len, min_len  # (B' * kc,) per-row copies
+def _beam_scores(
+    ens: _Ensemble, st: _BeamState, t: int, cfg: SearchConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step t's log-probs for every live row, the per-step rules applied, with `</s>` set apart.
 
-    for t in range(T + 1):
-        N = n_active * kc
-        lprobs = ens.step(tokens[:, t : t + 1], encs, caches)  # (N, V)
-        V = lprobs.size(1)
-        _apply_rules(lprobs, t, tokens[:, 1 : t + 1], row_max_len, row_min_len, cfg)
-        base = alive.view(N, 1)  # (N, 1)
-        eos_lp = lprobs[:, cfg.eos].clone()  # (N,)
-        eos_cum = (base.view(-1) + eos_lp).view(n_active, kc)  # (B', kc)
-        lprobs[:, cfg.eos] = -inf
+    Returns lprobs (N, V) with the `</s>` column at -inf (so that pruning only sees live
+    extensions: a `</s>` extension is never live, it can only finish), eos_lp (N,) the `</s>`
+    log-probs and eos_cum (B', kc) the cumulative log-probs of the `</s>` extensions.
+    """
+    lprobs = ens.step(st.tokens[:, t : t + 1], st.encs, st.caches)  # (N, V)
+    _apply_rules(lprobs, t, st.tokens[:, 1 : t + 1], st.row_max_len, st.row_min_len, cfg)
+    eos_lp = lprobs[:, cfg.eos].clone()  # (N,)
+    eos_cum = (st.alive.view(-1) + eos_lp).view(st.n_active, st.kc)  # (B', kc)
+    lprobs[:, cfg.eos] = -math.inf
+    return lprobs, eos_lp, eos_cum
 
-        # 1. The K best non-</s> extensions will be the live hypotheses. A sentence's K best are
-        #    among the K best of each of its rows: per-row top-k on the log-probs, then top-k of
-        #    those kc*K candidates, never a pass over all N x V cumulative scores.
-        kk = min(K, V)
-        row_val, row_tok = row_topk(lprobs, kk)  # (N, kk)
-        cand = (row_val + base).view(n_active, kc * kk)
-        if kc * kk < K:  # tiny vocabularies: fewer candidates than beams; pad with dead ones
-            fill = K - kc * kk
-            cand = torch.cat([cand, cand.new_full((n_active, fill), -inf)], dim=1)
-            row_val = torch.cat([row_val.view(n_active, -1), row_val.new_full((n_active, fill), -inf)], dim=1)
-            row_tok = torch.cat([row_tok.view(n_active, -1), row_tok.new_full((n_active, fill), cfg.pad)], dim=1)
-        top_lp, top_idx = cand.topk(K, dim=1)  # (B', K)
 
-        # 2. Offer the </s> extensions to the finished lists (only if one can enter).
-        eos_score = eos_cum / length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_form)  # (B', kc)
-        if fairseq_stop:  # only </s> extensions among the step's K best candidates
-            kth = torch.cat([top_lp, eos_cum], dim=1).topk(K, dim=1).values[:, K - 1 :]  # (B', 1)
-            eos_score = eos_score.masked_fill(eos_cum < kth, -inf)
-        if bool((eos_score > fin_scores[:, K - 1 : K]).any()):
-            all_scores = torch.cat([fin_scores, eos_score], dim=1)  # (B', K + kc)
-            fin_scores, sel = all_scores.topk(K, dim=1)  # (B', K), sorted
-            new_tok = tokens[:, 1 : T + 2].reshape(n_active, kc, T + 1)
-            new_pos = pos_scores.view(n_active, kc, T + 1).clone()
-            new_pos[:, :, t] = eos_lp.view(n_active, kc)
-            idx = sel.unsqueeze(-1).expand(-1, -1, T + 1)
-            fin_tokens = torch.cat([fin_tokens, new_tok], dim=1).gather(1, idx)
-            fin_pos = torch.cat([fin_pos, new_pos], dim=1).gather(1, idx)
-            fin_len = torch.cat([fin_len, torch.full((n_active, kc), t, device=device)], dim=1).gather(1, sel)
+def _beam_prune(
+    st: _BeamState, lprobs: torch.Tensor, cfg: SearchConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The K best non-`</s>` extensions of each sentence: its live hypotheses after this step.
 
-        # 3. Move to the new live hypotheses: reorder rows, append the chosen tokens.
-        beam_idx = torch.div(top_idx, kk, rounding_mode="floor").clamp_(max=kc - 1)  # (B', K)
-        tok = row_tok.reshape(n_active, -1).gather(1, top_idx)
-        step_lp = row_val.reshape(n_active, -1).gather(1, top_idx)
-        order = ((torch.arange(n_active, device=device) * kc).unsqueeze(1) + beam_idx).view(-1)  # (B'*K,)
-        tokens = tokens.index_select(0, order)
-        tokens[:, t + 1] = tok.view(-1)
-        pos_scores = pos_scores.index_select(0, order)
-        pos_scores[:, t] = step_lp.view(-1)
-        alive = top_lp
-        expanded = kc != K
-        kc = K
+    A sentence's K best are among the K best of each of its rows: per-row top-k on the
+    log-probs, then top-k of those kc*K candidates, never a pass over all N x V cumulative
+    scores. Returns, each (B', K) and best first: top_lp the cumulative log-probs, beam the row
+    (within the sentence) each extends, tok the token and step_lp its log-prob.
+    """
+    n, kc, K = st.n_active, st.kc, cfg.beam
+    kk = min(K, lprobs.size(1))
+    row_val, row_tok = row_topk(lprobs, kk)  # (N, kk)
+    cand = (row_val + st.alive.view(-1, 1)).view(n, kc * kk)  # (B', kc * kk)
+    if kc * kk < K:  # tiny vocabularies: fewer candidates than beams; pad with dead ones
+        fill = K - kc * kk
+        cand = torch.cat([cand, cand.new_full((n, fill), -math.inf)], dim=1)
+        row_val = torch.cat([row_val.view(n, -1), row_val.new_full((n, fill), -math.inf)], dim=1)
+        row_tok = torch.cat([row_tok.view(n, -1), row_tok.new_full((n, fill), cfg.pad)], dim=1)
+    top_lp, top_idx = cand.topk(K, dim=1)  # (B', K)
+    beam = torch.div(top_idx, kk, rounding_mode="floor").clamp_(max=kc - 1)  # (B', K)
+    tok = row_tok.reshape(n, -1).gather(1, top_idx)  # (B', K)
+    step_lp = row_val.reshape(n, -1).gather(1, top_idx)  # (B', K)
+    return top_lp, beam, tok, step_lp
 
-        # 4. Which sentences are done?
-        best_alive = alive[:, 0]  # (B',)
-        done = (max_len <= t) | torch.isneginf(best_alive)
-        if bound_stop:
-            lp_next = length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_form)
-            lp_max = length_penalty(max_len.to(alive.dtype) + 1.0, cfg.lenpen, cfg.lenpen_form)
-            bound = best_alive / torch.clamp(lp_max, min=lp_next)  # (B',) best reachable score
-            kth = fin_scores[:, cfg.nbest - 1]
-            done |= torch.isfinite(kth) & (kth >= bound)
-        elif fairseq_stop:
-            done |= torch.isfinite(fin_scores[:, K - 1])
 
-        dropped = bool(done.any())
-        if dropped:
-            for i in done.nonzero().view(-1).tolist():
-                b = int(sent_ids[i])
-                hyps = []
-                for j in range(cfg.nbest):
-                    s = float(fin_scores[i, j])
-                    if j > 0 and s == -inf:
-                        break
-                    hyps.append(_hyp(fin_tokens[i, j], int(fin_len[i, j]), fin_pos[i, j], s))
-                results[b] = hyps
-            keep = (~done).nonzero().view(-1)  # (B'',)
-            n_active = keep.numel()
-            if n_active == 0:
+def _beam_finish(
+    st: _BeamState, t: int, top_lp: torch.Tensor, eos_lp: torch.Tensor, eos_cum: torch.Tensor, cfg: SearchConfig
+) -> None:
+    """Offer step t's `</s>` extensions to the finished lists (the K best by penalised score).
+
+    With early_stop "beam" (fairseq) only those ranking among the step's K best candidates,
+    `</s>` or not, are offered. The lists are only rebuilt when some extension can enter (most
+    steps none can), since rebuilding copies every finished hypothesis.
+    """
+    K, T, n, kc = cfg.beam, st.T, st.n_active, st.kc
+    eos_score = eos_cum / length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_form)  # (B', kc)
+    if cfg.early_stop == "beam":
+        kth = torch.cat([top_lp, eos_cum], dim=1).topk(K, dim=1).values[:, K - 1 :]  # (B', 1)
+        eos_score = eos_score.masked_fill(eos_cum < kth, -math.inf)
+    if not bool((eos_score > st.fin_scores[:, K - 1 : K]).any()):
+        return
+    all_scores = torch.cat([st.fin_scores, eos_score], dim=1)  # (B', K + kc)
+    st.fin_scores, sel = all_scores.topk(K, dim=1)  # (B', K), sorted
+    new_tok = st.tokens[:, 1 : T + 2].reshape(n, kc, T + 1)
+    new_pos = st.pos_scores.view(n, kc, T + 1).clone()
+    new_pos[:, :, t] = eos_lp.view(n, kc)
+    idx = sel.unsqueeze(-1).expand(-1, -1, T + 1)  # (B', K, T + 1)
+    st.fin_tokens = torch.cat([st.fin_tokens, new_tok], dim=1).gather(1, idx)
+    st.fin_pos = torch.cat([st.fin_pos, new_pos], dim=1).gather(1, idx)
+    new_len = torch.full((n, kc), t, device=st.fin_len.device)
+    st.fin_len = torch.cat([st.fin_len, new_len], dim=1).gather(1, sel)
+
+
+def _beam_done(st: _BeamState, t: int, top_lp: torch.Tensor, cfg: SearchConfig) -> torch.Tensor:
+    """(B',) bool: the sentences that stop after step t (the rules: _beam_search's docstring).
+
+    top_lp: (B', K) the new live hypotheses' cumulative log-probs, best first. A sentence whose
+    best live hypothesis is dead (-inf: every token banned) stops whatever the rule.
+    """
+    best_alive = top_lp[:, 0]  # (B',)
+    done = (st.max_len <= t) | torch.isneginf(best_alive)
+    # The bound needs log-probs <= 0; a negative --unk-penalty (a reward) breaks it.
+    if cfg.early_stop == "bound" and cfg.unk_penalty >= 0:
+        lp_next = length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_form)
+        lp_max = length_penalty(st.max_len.to(top_lp.dtype) + 1.0, cfg.lenpen, cfg.lenpen_form)
+        bound = best_alive / torch.clamp(lp_max, min=lp_next)  # (B',) best reachable score
+        kth = st.fin_scores[:, cfg.nbest - 1]
+        done |= torch.isfinite(kth) & (kth >= bound)
+    elif cfg.early_stop == "beam":
+        done |= torch.isfinite(st.fin_scores[:, cfg.beam - 1])
+    return done
+
+
+def _beam_collect(st: _BeamState, done: torch.Tensor, results: list[list[Hypothesis]], cfg: SearchConfig) -> None:
+    """Write the `nbest` best finished hypotheses of each done sentence to `results`.
+
+    The best one is always written, even at -inf when nothing could finish (callers read [0]);
+    the next ones only if they did finish.
+    """
+    for i in done.nonzero().view(-1).tolist():
+        hyps = []
+        for j in range(cfg.nbest):
+            s = float(st.fin_scores[i, j])
+            if j > 0 and s == -math.inf:
                 break
-            keep_rows = ((keep * K).unsqueeze(1) + torch.arange(K, device=device)).view(-1)  # (B''*K,)
-            order = order.index_select(0, keep_rows)
-            tokens = tokens.index_select(0, keep_rows)
-            pos_scores = pos_scores.index_select(0, keep_rows)
-            alive = alive.index_select(0, keep)
-            fin_scores = fin_scores.index_select(0, keep)
-            fin_tokens = fin_tokens.index_select(0, keep)
-            fin_pos = fin_pos.index_select(0, keep)
-            fin_len = fin_len.index_select(0, keep)
-            max_len = max_len.index_select(0, keep)
-            min_len = min_len.index_select(0, keep)
-            sent_ids = sent_ids.index_select(0, keep)
-        if dropped or expanded:
-            # Rows of one sentence share the encoder output, so `order` (new row -> old row)
-            # also selects the encoder rows; and the per-row limits follow the new layout.
-            encs = ens.select_enc(encs, order)
-            row_max_len = max_len.repeat_interleave(K)
-            row_min_len = min_len.repeat_interleave(K)
-        # Reorder every model's cache once per step: beam reordering and dropped sentences.
-        caches = ens.select_cache(caches, order, within_sentences=not (dropped or expanded))
+            hyps.append(_hyp(st.fin_tokens[i, j], int(st.fin_len[i, j]), st.fin_pos[i, j], s))
+        results[int(st.sent_ids[i])] = hyps
 
-    return results
+
+def _beam_reorder(
+    ens: _Ensemble,
+    st: _BeamState,
+    t: int,
+    top_lp: torch.Tensor,
+    beam: torch.Tensor,
+    tok: torch.Tensor,
+    step_lp: torch.Tensor,
+    keep: torch.Tensor | None,
+    cfg: SearchConfig,
+) -> None:
+    """Move to the new live hypotheses: each new row copies the row it extends and appends its
+    token; the sentences not in `keep` (B'',) leave, when it is given.
+
+    One `order` (new row -> old row) does both, so the live rows, the encoder outputs and
+    every model's cache are copied once per step.
+    """
+    K = cfg.beam
+    expanded = st.kc != K  # the first step: from one row per sentence to K
+    order = (torch.arange(st.n_active, device=beam.device) * st.kc).unsqueeze(1) + beam  # (B', K)
+    if keep is not None:
+        order, tok, step_lp, top_lp = (x.index_select(0, keep) for x in (order, tok, step_lp, top_lp))
+        st.fin_scores = st.fin_scores.index_select(0, keep)
+        st.fin_tokens = st.fin_tokens.index_select(0, keep)
+        st.fin_pos = st.fin_pos.index_select(0, keep)
+        st.fin_len = st.fin_len.index_select(0, keep)
+        st.max_len = st.max_len.index_select(0, keep)
+        st.min_len = st.min_len.index_select(0, keep)
+        st.sent_ids = st.sent_ids.index_select(0, keep)
+        st.n_active = keep.numel()
+    order = order.view(-1)  # (B' * K,)
+    st.tokens = st.tokens.index_select(0, order)
+    st.tokens[:, t + 1] = tok.view(-1)
+    st.pos_scores = st.pos_scores.index_select(0, order)
+    st.pos_scores[:, t] = step_lp.view(-1)
+    st.alive, st.kc = top_lp, K
+    reshaped = keep is not None or expanded
+    if reshaped:
+        # Rows of one sentence share the encoder output, so `order` also selects the encoder
+        # rows; and the per-row limits follow the new layout.
+        st.encs = ens.select_enc(st.encs, order)
+        st.row_max_len = st.max_len.repeat_interleave(K)
+        st.row_min_len = st.min_len.repeat_interleave(K)
+    st.caches = ens.select_cache(st.caches, order, within_sentences=not reshaped)
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy search and sampling: rows that never interact.
 
 
 def _filter_for_sampling(lprobs: torch.Tensor, cfg: SearchConfig) -> torch.Tensor:
@@ -409,6 +518,27 @@ def _filter_for_sampling(lprobs: torch.Tensor, cfg: SearchConfig) -> torch.Tenso
     return logits
 
 
+@dataclass
+class _RowState:
+    """What greedy search and sampling carry from one step to the next.
+
+    N = B * S rows (S samples per sentence, 1 for greedy); N' of them are still active (not yet
+    ended). The out_* tensors hold every row's result by original row, on the CPU.
+    """
+
+    T: int  # the largest output limit of the batch: steps 0..T
+    tokens: torch.Tensor  # (N', T + 2) long: <s> y1 .. y_{T+1}
+    pos_scores: torch.Tensor  # (N', T + 1) per-token log-probs
+    row_ids: torch.Tensor  # (N',) original row of each active row
+    max_len: torch.Tensor  # (N',) output limits
+    min_len: torch.Tensor  # (N',)
+    encs: list  # per model: the encoder output, one row per active row
+    caches: list  # per model: the decoder cache, one row per active row
+    out_tokens: torch.Tensor  # (N, T + 1) long: generated tokens, </s> included
+    out_pos: torch.Tensor  # (N, T + 1)
+    out_len: torch.Tensor  # (N,) long: tokens before </s>
+
+
 def _independent_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
     """Greedy search (beam 1) or sampling (`beam` samples per sentence): rows never interact.
 
@@ -417,74 +547,109 @@ def _independent_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchCon
     after the rules, temperature, top-k and top-p; its scores are the model's log-probs
     (without temperature). Rows that finish leave the batch.
     """
+    S = cfg.beam if cfg.sampling else 1
+    gen = _sampling_generator(cfg, src_tokens.device) if cfg.sampling else None
+    st = _rows_start(ens, src_tokens, S, cfg)
+    for t in range(st.T + 1):
+        tok, tok_lp = _independent_step(ens, st, t, gen, cfg)  # (N',) each
+        st.tokens[:, t + 1] = tok
+        st.pos_scores[:, t] = tok_lp
+        ended = (tok == cfg.eos) | (st.max_len <= t)  # (N',)
+        if bool(ended.any()) and not _retire_rows(ens, st, ended, t):
+            break
+    return _collect_rows(st, src_tokens.size(0), S, cfg)
+
+
+def _sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator:
+    """The sampler's own random generator: seeded from `cfg.seed` (`--seed`: the same samples
+    on every run), otherwise from fresh entropy; torch's global generator is left alone."""
+    gen = torch.Generator(device=device)
+    if cfg.seed is not None:
+        gen.manual_seed(cfg.seed)
+    else:
+        gen.seed()
+    return gen
+
+
+def _rows_start(ens: _Ensemble, src_tokens: torch.Tensor, S: int, cfg: SearchConfig) -> _RowState:
+    """The state before step 0: S rows per sentence, each `<s>` alone, nothing ended."""
     device = src_tokens.device
     B = src_tokens.size(0)
-    S = cfg.beam if cfg.sampling else 1
-    gen = None
-    if cfg.sampling:
-        gen = torch.Generator(device=device)
-        if cfg.seed is not None:
-            gen.manual_seed(cfg.seed)
-        else:
-            gen.seed()
-
     max_len = max_lengths(src_tokens, cfg).to(device).repeat_interleave(S)  # (N,)
     min_len = torch.clamp(max_len, max=cfg.min_len)
     T = int(max_len.max())
     N = B * S
-
-    encs = ens.encode(src_tokens)
+    encs = ens.encode(src_tokens)  # one row per sentence; the S samples share it
     if S > 1:
         encs = ens.select_enc(encs, torch.arange(B, device=device).repeat_interleave(S))
-    caches = ens.new_cache()
-
     tokens = torch.full((N, T + 2), cfg.pad, dtype=torch.long, device=device)
     tokens[:, 0] = cfg.bos
-    pos_scores = torch.zeros(N, T + 1, device=device)
-    row_ids = torch.arange(N, device=device)  # original row of each active row
+    return _RowState(
+        T=T,
+        tokens=tokens,
+        pos_scores=torch.zeros(N, T + 1, device=device),
+        row_ids=torch.arange(N, device=device),
+        max_len=max_len,
+        min_len=min_len,
+        encs=encs,
+        caches=ens.new_cache(),
+        out_tokens=torch.full((N, T + 1), cfg.pad, dtype=torch.long),
+        out_pos=torch.zeros(N, T + 1),
+        out_len=torch.zeros(N, dtype=torch.long),
+    )
 
-    out_tokens = torch.full((N, T + 1), cfg.pad, dtype=torch.long)
-    out_pos = torch.zeros(N, T + 1)
-    out_len = torch.zeros(N, dtype=torch.long)
 
-    for t in range(T + 1):
-        lprobs = ens.step(tokens[:, t : t + 1], encs, caches)  # (N', V)
-        _apply_rules(lprobs, t, tokens[:, 1 : t + 1], max_len, min_len, cfg)
-        if cfg.sampling:
-            probs = torch.softmax(_filter_for_sampling(lprobs, cfg), dim=1)
-            tok = torch.multinomial(probs, 1, generator=gen).view(-1)  # (N',)
-            tok_lp = lprobs.gather(1, tok.unsqueeze(1)).view(-1)
-        else:
-            tok_lp, tok = row_topk(lprobs, 1)  # arg-max, (N', 1)
-            tok_lp, tok = tok_lp.view(-1), tok.view(-1)
-        tokens[:, t + 1] = tok
-        pos_scores[:, t] = tok_lp
-        ended = (tok == cfg.eos) | (max_len <= t)
-        if bool(ended.any()):
-            idx = ended.nonzero().view(-1)
-            ids = row_ids.index_select(0, idx).cpu()
-            out_tokens[ids] = tokens.index_select(0, idx)[:, 1:].cpu()
-            out_pos[ids] = pos_scores.index_select(0, idx).cpu()
-            out_len[ids] = t
-            keep = (~ended).nonzero().view(-1)
-            if keep.numel() == 0:
-                break
-            encs = ens.select_enc(encs, keep)
-            caches = ens.select_cache(caches, keep)
-            tokens = tokens.index_select(0, keep)
-            pos_scores = pos_scores.index_select(0, keep)
-            max_len = max_len.index_select(0, keep)
-            min_len = min_len.index_select(0, keep)
-            row_ids = row_ids.index_select(0, keep)
+def _independent_step(
+    ens: _Ensemble, st: _RowState, t: int, gen: torch.Generator | None, cfg: SearchConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step t for every active row: the token it emits and that token's log-prob, (N',) each.
 
+    The log-prob is the model's, after the rules but before the sampling filter: a sample's
+    score is its probability under the model, not under the temperature.
+    """
+    lprobs = ens.step(st.tokens[:, t : t + 1], st.encs, st.caches)  # (N', V)
+    _apply_rules(lprobs, t, st.tokens[:, 1 : t + 1], st.max_len, st.min_len, cfg)
+    if cfg.sampling:
+        probs = torch.softmax(_filter_for_sampling(lprobs, cfg), dim=1)
+        tok = torch.multinomial(probs, 1, generator=gen).view(-1)  # (N',)
+        return tok, lprobs.gather(1, tok.unsqueeze(1)).view(-1)
+    tok_lp, tok = row_topk(lprobs, 1)  # arg-max, (N', 1)
+    return tok.view(-1), tok_lp.view(-1)
+
+
+def _retire_rows(ens: _Ensemble, st: _RowState, ended: torch.Tensor, t: int) -> bool:
+    """Copy the ended rows (ended: (N',) bool) to the outputs and drop them from the batch, the
+    encoder outputs and caches included, so later steps only pay for the rows still running.
+    False when no row is left."""
+    idx = ended.nonzero().view(-1)
+    ids = st.row_ids.index_select(0, idx).cpu()
+    st.out_tokens[ids] = st.tokens.index_select(0, idx)[:, 1:].cpu()
+    st.out_pos[ids] = st.pos_scores.index_select(0, idx).cpu()
+    st.out_len[ids] = t
+    keep = (~ended).nonzero().view(-1)  # (N'',)
+    if keep.numel() == 0:
+        return False
+    st.encs = ens.select_enc(st.encs, keep)
+    st.caches = ens.select_cache(st.caches, keep)
+    st.tokens = st.tokens.index_select(0, keep)
+    st.pos_scores = st.pos_scores.index_select(0, keep)
+    st.max_len = st.max_len.index_select(0, keep)
+    st.min_len = st.min_len.index_select(0, keep)
+    st.row_ids = st.row_ids.index_select(0, keep)
+    return True
+
+
+def _collect_rows(st: _RowState, B: int, S: int, cfg: SearchConfig) -> list[list[Hypothesis]]:
+    """Per sentence, its S rows as hypotheses, scored with the length penalty, best first,
+    the `nbest` best kept."""
     results: list[list[Hypothesis]] = []
     for b in range(B):
         hyps = []
         for r in range(b * S, (b + 1) * S):
-            n = int(out_len[r])
-            logprob = float(out_pos[r, : n + 1].sum())
+            n = int(st.out_len[r])
+            logprob = float(st.out_pos[r, : n + 1].sum())
             score = logprob / length_penalty(float(n + 1), cfg.lenpen, cfg.lenpen_form)
-            hyps.append(_hyp(out_tokens[r], n, out_pos[r], score))
+            hyps.append(_hyp(st.out_tokens[r], n, st.out_pos[r], score))
         hyps.sort(key=lambda h: h.score, reverse=True)
         results.append(hyps[: cfg.nbest])
     return results
