@@ -27,22 +27,15 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from nmtkit.search.config import (  # noqa: F401 - the search's vocabulary, re-exported
-    BOS,
-    EARLY_STOP,
-    EOS,
-    LENPEN_FORMS,
-    LENPEN_LIMIT,
-    PAD,
-    UNK,
-    Hypothesis,
-    SearchConfig,
-    check_lenpen,
-    length_penalty,
+    BOS, EARLY_STOP, EOS, LENPEN_FORMS, LENPEN_LIMIT, PAD, UNK, Hypothesis,
+    SearchConfig, check_lenpen, length_penalty,
 )
 
 # --------------------------------------------------------------------------------------------
