@@ -20,7 +20,7 @@ KINDS = ("auto", "cpu", "cuda", "mps")
 # torch's other device types: a name torch knows but nmtkit does not run on
 _OTHER_TORCH_TYPES = ("meta", "xpu", "xla", "hpu", "ipu", "mtia", "maia", "lazy", "vulkan", "ve", "fpga", "hip",
                       "mkldnn", "opengl", "opencl", "ideep", "privateuseone")
-_DEVICE = re.compile(r"([a-z_]+)(?::(\d+))?")
+_DEVICE = re.compile(r"([a-z_]+)(?::(0|[1-9]\d{0,3}))?")  # an index as torch writes it
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ def resolve_device(name: str, local_rank: int = 0, flag: str = "--device"):
     if kind == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise UserError(f"{flag} {name}: MPS is not available on this machine")
-        return torch.device(name)
-    return torch.device("cpu") if req.kind == "auto" else torch.device(name)
+        return torch.device("mps") if req.index is None else torch.device("mps", req.index)
+    return torch.device("cpu") if req.index is None else torch.device("cpu", req.index)
 
 
 # glibc's mallopt parameters (malloc.h)

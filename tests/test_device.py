@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nmtkit.device import resolve_device
+from nmtkit.device import DeviceRequest, parse_device, resolve_device
 from nmtkit.errors import UserError
 
 
@@ -16,10 +16,29 @@ def test_auto_and_cpu():
 @pytest.mark.parametrize("name, message", [
     ("tpu", "--device: unknown device 'tpu'"),
     ("meta", "--device: unsupported device type 'meta'"),
+    ("cpu:01", "--device: unknown device 'cpu:01'"),
+    ("cpu:99999999999999999999", "--device: unknown device 'cpu:99999999999999999999'"),
+    ("cuda:x", "--device: unknown device 'cuda:x'"),
+    ("AUTO", "--device: unknown device 'AUTO'"),
+    ("auto:0", "--device: unknown device 'auto:0'"),
 ])
 def test_unknown_devices_name_the_flag(name, message):
     with pytest.raises(UserError, match="^" + message):
         resolve_device(name)
+    with pytest.raises(UserError, match="^" + message):  # the same words without torch (other engines)
+        parse_device(name)
+
+
+def test_the_device_parser_reads_kind_and_index_without_torch():
+    import subprocess
+    import sys
+
+    assert parse_device("cuda:3") == DeviceRequest("cuda:3", "cuda", 3)
+    assert parse_device("cuda") == DeviceRequest("cuda", "cuda", None)
+    assert parse_device("auto") == DeviceRequest("auto", "auto", None)
+    assert resolve_device("cpu:0") == torch.device("cpu", 0)
+    code = "import sys, nmtkit.device as d; d.parse_device('cuda:1'); assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

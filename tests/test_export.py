@@ -382,7 +382,7 @@ def test_sampling_greedy_and_the_api(wm):
 
     out = export_dir(wm, "post")
     native, ct2 = load_both(wm, "post", out, max_len_a=0.0, max_len_b=40)
-    assert isinstance(ct2, Translator) and ct2.engine.name == "ctranslate2" and not ct2.engine.forced
+    assert isinstance(ct2, Translator) and ct2.engine.name == "ctranslate2" and not ct2.engine.teacher_forcing
     texts = sentences(20, 8)
     # top-1 sampling is greedy search
     assert ct2.translate(texts, sampling=True, topk=1, beam=3) == native.translate(texts, beam=1)
@@ -496,7 +496,7 @@ def test_export_refusals(wm, tmp_path, run_cli, monkeypatch):
 
 
 @pytest.mark.parametrize("args,message", [
-    ([], "--lenpen-form gnmt: CTranslate2 has only fairseq's length penalty |Y|^alpha; pass --lenpen-form fairseq"),
+    (["--lenpen-form", "gnmt"], "--lenpen-form gnmt: CTranslate2 has only fairseq's length penalty |Y|^alpha; pass --lenpen-form fairseq"),
     (["--lenpen-form", "fairseq", "--early-stop", "bound"], "--early-stop bound: CTranslate2's beam search stops as fairseq's does; use --early-stop beam"),
     (["--lenpen-form", "fairseq", "--early-stop", "none"], "--early-stop none: CTranslate2's beam search"),
     (["--lenpen-form", "fairseq", "--unk-penalty", "1"], "--unk-penalty: CTranslate2 cannot penalize <unk>"),
@@ -509,6 +509,37 @@ def test_generate_refuses_what_ctranslate2_cannot_honour(wm, tmp_path, run_cli, 
     f.write_text("Hund\n", encoding="utf-8")
     r = run_cli("generate", "--path", export_dir(wm, "post"), "--input", f, *args)
     assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1, r
+
+
+def test_an_export_defaults_to_its_runtimes_rules(wm, tmp_path, run_cli):
+    """No decoding flag needed: an export decodes with fairseq's length penalty and stopping rule,
+    said once in a note; the same output as with those flags given, and the API's defaults too."""
+    from nmtkit import Translator
+
+    out = export_dir(wm, "post")
+    f = tmp_path / "in.de"
+    f.write_text("\n".join(sentences(30, 5)) + "\n", encoding="utf-8")
+    r = run_cli("generate", "--path", out, "--input", f, "-q")
+    note = (f"nmtkit: note: {out} is run by CTranslate2, which decodes with fairseq's rules: --lenpen-form fairseq "
+            "--early-stop beam (the paper's gnmt length penalty and exact stopping need the checkpoint)")
+    assert r.code == 0 and r.err.strip().splitlines() == [note], r
+    given = run_cli("generate", "--path", out, "--input", f, "-q", "--lenpen-form", "fairseq", "--early-stop", "beam")
+    assert given.code == 0 and given.err == "" and given.out == r.out and len(r.out.splitlines()) == len(sentences(30, 5))
+    r = run_cli("generate", "--path", out, "--input", f, "-q", "--early-stop", "beam")
+    assert r.err.strip() == note.replace(" --early-stop beam", ""), r  # only what was chosen is named
+    tr = Translator.load(out, threads=1)
+    assert (tr.search.lenpen_form, tr.search.early_stop) == ("fairseq", "beam")
+    assert tr.translate(sentences(30, 5)) == given.out.splitlines()
+    native = Translator.load(wm["post"], wm["data"], threads=1)  # a checkpoint keeps the paper's rules
+    assert (native.search.lenpen_form, native.search.early_stop) == ("gnmt", "bound")
+
+
+def test_attention_on_an_export_says_it_needs_the_checkpoint(wm, tmp_path, run_cli):
+    out = export_dir(wm, "post")
+    r = run_cli("attention", wm["data"], "--path", out, "--source", "Hund", "--format", "json", "-o", tmp_path / "a.json")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r
+    assert f"--path {out}: attention needs nmtkit's own model: load the checkpoint and its data directory" in r.err
+    assert "run by CTranslate2, which exposes no attention" in r.err and not (tmp_path / "a.json").exists()
 
 
 def test_generate_refuses_misuse_of_an_export(wm, tmp_path, run_cli):
@@ -529,7 +560,7 @@ def test_generate_refuses_misuse_of_an_export(wm, tmp_path, run_cli):
         assert r.code == 2 and message in r.err, (args, r)
     # the API says the same
     with pytest.raises(UserError, match="lenpen_form='fairseq'"):
-        Translator.load(out)
+        Translator.load(out, lenpen_form="gnmt")
     with pytest.raises(UserError, match="load it alone, without data_dir"):
         Translator.load(out, wm["data"], **FAIRSEQ)
     with pytest.raises(UserError, match="--early-stop bound"):

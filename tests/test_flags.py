@@ -41,12 +41,12 @@ CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": Prep
 # Fields with no flag, set by library callers only (a new field must get a flag or be listed here).
 LIBRARY_ONLY = {
     TrainConfig: {"arch_overrides", "log_file", "prefetch"},  # arch_overrides: the Architecture flags
-    GenerateOptions: set(),
+    GenerateOptions: {"engine_note"},  # set by from_flags: the engine's defaults it chose
     SearchConfig: {"seed", "max_len_cap", "pad", "bos", "eos", "unk"},  # seed: from GenerateOptions.seed
     PreprocessConfig: {"target_bpe", "extra_files", "extra_manifest"},
     PreprocessJob: set(),
     ScoreOptions: set(),
-    ServeOptions: set(),
+    ServeOptions: {"engine_note"},
     AttentionOptions: set(),
     ExportOptions: set(),
 }
@@ -117,7 +117,7 @@ EXPECTED = {
         "--print-scores": (False, None),
         "--beam": (4, None),
         "--lenpen": (0.6, None),
-        "--lenpen-form": ('gnmt', None),
+        "--lenpen-form": (None, None),  # not given: gnmt, or fairseq on a CTranslate2 export
         "--max-len-a": (1.0, None),
         "--max-len-b": (None, None),
         "--min-len": (0, None),
@@ -130,7 +130,7 @@ EXPECTED = {
         "--temperature": (1.0, None),
         "--max-tokens": (None, None),
         "--batch-size": (None, None),
-        "--buffer-size": (10000, None),
+        "--buffer-size": (None, None),  # not given: 10000, or 1 when --input - is a terminal
         "--device": ('auto', None),
         "--precision": ('fp32', None),
         "--quantize": ('none', None),
@@ -148,7 +148,7 @@ EXPECTED = {
         "--path": (..., None),
         "--beam": (4, None),
         "--lenpen": (0.6, None),
-        "--lenpen-form": ('gnmt', None),
+        "--lenpen-form": (None, None),  # not given: gnmt, or fairseq on a CTranslate2 export
         "--max-len-a": (1.0, None),
         "--max-len-b": (None, None),
         "--min-len": (0, None),
@@ -193,7 +193,7 @@ EXPECTED = {
         "--output -o": (None, None),
         "--beam": (4, None),
         "--lenpen": (0.6, None),
-        "--lenpen-form": ('gnmt', None),
+        "--lenpen-form": (None, None),  # not given: gnmt, or fairseq on a CTranslate2 export
         "--max-len-a": (1.0, None),
         "--max-len-b": (None, None),
         "--min-len": (0, None),

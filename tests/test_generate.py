@@ -426,3 +426,56 @@ def test_generate_hashes_each_file_once(setup, run_cli, monkeypatch):
     assert run_cli("generate", data, "--path", ckpt, *COMMON).code == 0
     assert set(hashed) >= {"test.de.000.bin", "test.de.000.idx", "test.en.000.bin", "spm.model"}, hashed
     assert max(hashed.values()) == 1, hashed
+
+
+def test_the_buffer_is_one_line_for_a_terminal_on_stdin(monkeypatch):
+    import sys
+
+    from nmtkit.generation.generator import GenerateOptions
+
+    def size(tty: bool, **flags) -> int:
+        monkeypatch.setattr(sys.stdin, "isatty", lambda: tty, raising=False)
+        values = {"paths": ["m.pt"], "data_dir": None, "search": {"max_len_b": 5}, "buffer_size": None, **flags}
+        return GenerateOptions.from_flags(values).buffer_size
+
+    assert size(True, input="-") == 1  # typed lines are answered one by one
+    assert size(False, input="-") == 10000  # a pipe keeps the large buffer
+    assert size(True, input="in.de") == 10000  # a file is not typed
+    assert size(True, input="-", buffer_size=7) == 7 and size(False, input="-", buffer_size=10000) == 10000
+
+
+def test_a_terminal_on_stdin_gets_each_translation_before_the_next_line(setup):
+    """fairseq-interactive's behaviour: with --input - on a terminal, each typed line is translated
+    and printed before the input ends (a real pseudo-terminal; the answer must come while the
+    terminal is still open)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data, ckpt, _, _ = setup
+    repo = Path(__file__).resolve().parents[1]
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "nmtkit", "generate", str(data), "--path", str(ckpt),
+                          "--input", "-", *COMMON], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=repo, env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"})
+    os.close(slave)
+    try:
+        answers = []
+        for line in ("der Hund läuft", "die Straße"):
+            os.write(master, f"{line}\n".encode())
+            ready, _, _ = select.select([p.stdout], [], [], 120)
+            assert ready, "no translation while the terminal stays open"
+            answers.append(p.stdout.readline().decode().rstrip("\n"))
+        os.write(master, b"\x04")  # end of input (Ctrl-D)
+        assert p.wait(timeout=60) == 0, p.stderr.read().decode()
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+    from nmtkit import Translator
+
+    tr = Translator.load(ckpt, data, threads=1, max_len_b=6)
+    assert answers == tr.translate(["der Hund läuft", "die Straße"])

@@ -17,11 +17,14 @@ import pytest
 import torch
 
 from nmtkit.generation.forced import (
+    Attention,
     PairScore,
     hard_alignment,
     merge_groups,
+    punctuation_words,
     word_alignment,
     word_index,
+    word_strings,
 )
 from nmtkit.search.beam import length_penalty
 from tests.test_generate import COMMON, TEST_SRC, lines, setup  # noqa: F401 - fixture
@@ -318,7 +321,7 @@ def test_translator_refusals(setup):  # noqa: F811
     assert tr.score(["der Hund"], [""])[0].tokens == 1  # the empty translation: </s> alone
     # an engine that cannot teacher-force (as CTranslate2's): refused in one line, before any work
     class NoForcing(type(tr.engine)):
-        forced = False
+        teacher_forcing = False
 
     tr.engine.__class__ = NoForcing
     for call in (lambda: tr.score(["der Hund"], ["the dog"]), lambda: tr.attention("der Hund"),
@@ -345,6 +348,55 @@ def test_word_index_and_word_alignment_by_hand():
     assert word_index(["a", "b"], "none") == [0, 1]
     # pieces: src [A1 A2 | B], tgt [x | y1 y2]: subword pairs -> the union of word pairs
     assert word_alignment([(2, 0), (0, 1), (1, 2)], [0, 0, 1], [0, 1, 1]) == [(1, 0), (0, 1)]
+
+
+def test_punctuation_words_by_hand():
+    spm = lambda g: "".join(g).replace("\u2581", " ").strip()  # sentencepiece's decode
+    bpe = lambda g: " ".join(g).replace("@@ ", "")  # subword-nmt's
+
+    def split(pieces, kind, decode):
+        w = word_index(pieces, kind)
+        return punctuation_words(pieces, w, word_strings(pieces, w, decode))
+
+    # glued punctuation before and after a word is a word; inside a word, or alone, it stays
+    pieces = ["\u2581Ein", "\u2581Ball", ",", "\u2581(", "x", ")", "\u2581", "\u00ab", "Hi", "!\u00bb",
+              "\u25813", ".", "5", "\u2581...", "</s>"]
+    assert split(pieces, "sentencepiece", spm) == (
+        [0, 1, 2, 3, 4, 5, 6, 6, 7, 8, 9, 9, 9, 10, 11],
+        ["Ein", "Ball", ",", "(", "x", ")", "\u00ab", "Hi", "!\u00bb", "3.5", "...", "</s>"])
+    # a piece that mixes letters and punctuation is one row of weights: not split
+    assert split(["\u2581Ball,", "\u2581Hund", "."], "sentencepiece", spm) == ([0, 1, 2], ["Ball,", "Hund", "."])
+    assert split(["Hun@@", "d@@", ".", "Ball,", "z@@", ".@@", "B"], "subword-nmt", bpe) == (
+        [0, 0, 1, 2, 3, 3, 3], ["Hund", ".", "Ball,", "z.B"])
+    assert split(["\u2581e", "-", "mail", "."], "sentencepiece", spm) == ([0, 0, 0, 1], ["e-mail", "."])
+    assert split(["Ball,", ","], "none", " ".join) == ([0, 1], ["Ball,", ","])
+    # pieces that do not spell their word's text (a normalizing detokenizer): the word stays whole
+    w = [0, 0]
+    assert punctuation_words(["\u2581Hund", "."], w, ["Hund \u3002"]) == ([0, 0], ["Hund \u3002"])
+    # generate's word alignment keeps its whitespace words
+    assert word_index(["\u2581Ball", ",", "\u2581Hund", "."], "sentencepiece") == [0, 0, 1, 1]
+
+
+def test_attention_words_with_split_punctuation_merge_by_hand():
+    rng = np.random.default_rng(0)
+
+    def rows(*shape):
+        w = rng.random(shape)
+        return (w / w.sum(-1, keepdims=True)).astype(np.float32)
+
+    src = ["\u2581Ball", ",", "\u2581da", "</s>"]
+    tgt = ["\u2581ball", ",", "</s>"]
+    a = Attention(src, tgt, ["<s>", "\u2581ball", ","], rows(1, 2, 4, 4), np.tril(rows(1, 2, 3, 3)), rows(1, 2, 3, 4),
+                  PairScore(-1.0, 3, -1.0), True, source_word_of=[0, 0, 1, 2], target_word_of=[0, 0, 1],
+                  source_words=["Ball,", "da", "</s>"], target_words=["ball,", "</s>"])
+    whole = a.words()
+    assert whole.source_tokens == ["Ball,", "da", "</s>"] and whole.cross.shape == (1, 2, 2, 3)
+    p = a.words(split_punctuation=True)
+    assert p.source_tokens == ["Ball", ",", "da", "</s>"] and p.target_tokens == ["ball", ",", "</s>"]
+    assert p.decoder_inputs == ["<s>", "ball", ","] and p.source_words == p.source_tokens
+    np.testing.assert_allclose(p.cross, a.cross)  # every piece is a word of its own here
+    np.testing.assert_allclose(p.enc_self, a.enc_self)
+    assert p.words(split_punctuation=True) is p
 
 
 def test_words_alignment_on_sentencepiece_output_uses_detokenized_words(setup, run_cli):  # noqa: F811
@@ -479,10 +531,122 @@ def test_attention_command_png_json_npz(setup, run_cli, tmp_path):  # noqa: F811
     assert list(z["rows_1"]) == ["the", "tree", "runs", "</s>"]
 
 
+def _drawn(monkeypatch) -> list[dict]:
+    """What `nmtkit attention` passes to the figure functions, one dict per picture (none drawn)."""
+    import nmtkit.figures.attention as figures
+
+    calls: list[dict] = []
+
+    def fake(style):
+        def draw(weights, rows, cols, heads, title, out, *args, query=None):
+            calls.append({"style": style, "weights": weights, "rows": list(rows), "cols": list(cols),
+                          "heads": list(heads), "title": title, "query": query})
+            Path(out).write_bytes(b"")
+            return Path(out)
+        return draw
+
+    monkeypatch.setattr(figures, "draw_heads", fake("heatmap"))
+    monkeypatch.setattr(figures, "draw_lines", fake("lines"))
+    return calls
+
+
+def test_attention_titles_name_a_target_only_when_the_picture_shows_one(setup, run_cli, tmp_path, monkeypatch):  # noqa: F811
+    data, ckpt, _, _ = setup
+    calls = _drawn(monkeypatch)
+    base = ("attention", data, "--path", ckpt, "--max-len-b", "6", "--threads", "1", "--source", "der Hund läuft")
+    for kind in ("enc-self", "cross", "dec-self"):
+        for given in ((), ("--target", "the dog runs")):
+            r = run_cli(*base, *given, "--kind", kind, "-o", tmp_path / "t.png")
+            assert r.code == 0, r
+    titles = [c["title"] for c in calls]
+    assert len(titles) == 6
+    for t in titles[:2]:  # the source alone: no translation, no log-prob
+        assert t == "enc-self attention, encoder layer 2 of 2\n(subword level)"
+    for t, kind, what in zip(titles[2:], ("cross", "cross", "dec-self", "dec-self"), ("the model's translation",
+                                                                                      "given target") * 2):
+        assert re.fullmatch(rf"{kind} attention, decoder layer 2 of 2\n\(subword level; target: {what}, "
+                            r"log-prob -\d+\.\d\d\)", t), t
+
+
+def test_attention_lines_draw_one_head_unless_heads_says(setup, run_cli, tmp_path, monkeypatch):  # noqa: F811
+    data, ckpt, _, _ = setup
+    calls = _drawn(monkeypatch)
+    base = ("attention", data, "--path", ckpt, "--max-len-b", "6", "--threads", "1", "--source", "der Hund läuft",
+            "--kind", "enc-self", "-o", tmp_path / "h.png")
+    for extra in ((), ("--heads", "all"), ("--heads", "2,3"), ("--heads", "4")):
+        assert run_cli(*base, "--style", "lines", *extra).code == 0
+    assert run_cli(*base).code == 0  # a heatmap grid: every head
+    assert run_cli(*base, "--heads", "3").code == 0
+    assert [(c["style"], c["heads"], c["weights"].shape[0]) for c in calls] == [
+        ("lines", [1], 1), ("lines", [1, 2, 3, 4], 4), ("lines", [2, 3], 2), ("lines", [4], 1),
+        ("heatmap", [1, 2, 3, 4], 4), ("heatmap", [3], 1)]
+    # the arrays keep every head whatever the style
+    r = run_cli(*base[:-2], "--style", "lines", "--format", "json", "-o", tmp_path / "h.json")
+    assert r.code == 0, r
+    import json
+
+    assert json.loads((tmp_path / "h.json").read_text())["heads"] == [1, 2, 3, 4]
+
+
+def test_attention_query_takes_a_position_or_a_token(setup, run_cli, tmp_path, monkeypatch):  # noqa: F811
+    data, ckpt, _, _ = setup
+    calls = _drawn(monkeypatch)
+    base = ("attention", data, "--path", ckpt, "--max-len-b", "6", "--threads", "1", "--kind", "enc-self",
+            "--style", "lines", "-o", tmp_path / "q.png")
+    for level, query in (("words", "Hund"), ("words", "1"), ("words", "</s>"), ("subword", "2")):
+        r = run_cli(*base, "--source", "der Hund läuft", "--level", level, "--query", query)
+        assert r.code == 0, r
+    assert [c["rows"][c["query"]] for c in calls[:3]] == ["Hund", "Hund", "</s>"]
+    assert calls[1]["query"] == 1 and calls[3]["query"] == 2
+    # the subword level: a piece as labelled, or its text without "▁"; per sentence its own position
+    pieces = calls[3]["rows"]
+    word = next(p for p in pieces if p.startswith("\u2581") and len(p) > 1 and pieces.count(p) == 1
+                and p[1:] not in pieces)  # an exact label is found first
+    for q in (word, word[1:]):
+        n = len(calls)
+        r = run_cli(*base, "--source", "der Hund läuft", "--source", "läuft der Hund", "--query", q)
+        assert r.code == 0, r
+        assert [c["rows"][c["query"]] for c in calls[n:]] == [word, word]
+        assert calls[n]["query"] < calls[n + 1]["query"]  # the word comes later in the second sentence
+
+
+def test_attention_words_split_glued_punctuation_and_alignments_keep_whitespace_words(setup, run_cli, tmp_path):  # noqa: F811
+    import json
+
+    from nmtkit import Translator
+
+    data, ckpt, _, _ = setup
+    out = tmp_path / "p.json"
+    r = run_cli("attention", data, "--path", ckpt, "--max-len-b", "6", "--threads", "1", "--source", "(der) Hund.",
+                "--kind", "enc-self", "--level", "words", "--format", "json", "-o", out)
+    assert r.code == 0, r
+    (s,) = json.loads(out.read_text())["sentences"]
+    assert s["rows"] == s["columns"] == ["(", "der", ")", "Hund", ".", "</s>"]
+    np.testing.assert_allclose(np.array(s["weights"]).sum(-1), 1.0, atol=1e-5)
+    tr = Translator.load(ckpt, data, threads=1, max_len_b=6, warn=lambda m: None)
+    a = tr.attention("(der) Hund.")
+    assert a.words().source_tokens == ["(der)", "Hund.", "</s>"]  # Python's words(): the whitespace words
+    p = a.words(split_punctuation=True)
+    assert p.source_tokens == s["rows"] and p.level == "words"
+    np.testing.assert_allclose(p.enc_self[-1], np.array(s["weights"]), atol=1e-6)
+    np.testing.assert_allclose(p.cross.sum(-1), 1.0, atol=1e-5)
+    assert p.dec_self.shape[-1] == len(p.decoder_inputs) == len(p.target_tokens)
+    # generate's word alignment still counts whitespace words: "Hund." is source word 1
+    assert word_index(tr.source_pieces(tr.encode(["(der) Hund."])[0]), "sentencepiece")[-1] == 1
+
+
 @pytest.mark.parametrize("args,needle", [
-    (("--source", "der Hund", "--layer", "3"), r"--layer 3 is out of range: the model has 2 decoder layers \(1\.\.2\)"),
-    (("--source", "der Hund", "--kind", "enc-self", "--layer", "0"), r"--layer is 1-based"),
-    (("--source", "der Hund", "--heads", "2,5"), r"--heads 5 is out of range: the model has 4 heads \(1\.\.4\)"),
+    (("--source", "der Hund", "--layer", "3"), r"--layer 3 is out of range: the model has 2 decoder layers \(1\.\.2, "),
+    (("--source", "der Hund", "--kind", "enc-self", "--layer", "0"),
+     r"--layer is 1-based \(1 = the lowest layer\), got 0$"),  # refused before the model is loaded
+    (("--source", "der Hund", "--heads", "2,5"),
+     r"--heads 5 is out of range: the model has 4 heads in each decoder layer \(1\.\.4\)$"),
+    (("--source", "der Hund", "--heads", "5,6"), r"--heads 5,6 are out of range: the model has 4 heads .*\(1\.\.4\)$"),
+    (("--source", "der Hund", "--kind", "enc-self", "--heads", "0,2,7"),
+     r"--heads are 1-based \(1 = the first head\), got 0$"),  # refused before the model is loaded
+    (("--source", "der Hund", "--kind", "enc-self", "--heads", "2,7,9"),
+     r"--heads 7,9 are out of range: the model has 4 heads in each encoder layer \(1\.\.4\)$"),
+    (("--source", "der Hund", "--style", "lines", "--heads", "all,2"), r"--heads takes head numbers"),
     (("--source", "der Hund", "--heads", "x"), r"--heads takes head numbers"),
     (("--source", "der Hund", "--source", " "), r"--source 2: empty source sentence"),
     (("--source", "der Hund", "--target", "the zzzq"), r"--target 1: target token\(s\) .* not in the target dictionary"),
@@ -493,6 +657,15 @@ def test_attention_command_png_json_npz(setup, run_cli, tmp_path):  # noqa: F811
     ((), r"give a sentence: --source TEXT"),
     (("--source", "der Hund", "--query", "1"), r"--query applies to --style lines"),
     (("--source", "der Hund", "--style", "lines", "--query", "99"), r"--query 99: --source 1 has \d+ query tokens"),
+    (("--source", "der Hund", "--kind", "enc-self", "--style", "lines", "--query", "-1"),
+     r"--query is a 0-based token position, got -1$"),  # refused before the model is loaded
+    (("--source", "der Hund", "--kind", "enc-self", "--style", "lines", "--query", " "), r"--query takes a 0-based"),
+    (("--source", "Hund Hund Katze", "--kind", "enc-self", "--level", "words", "--style", "lines", "--query", "Hund"),
+     (r"--query 'Hund': --source 1 has it 2 times among its query tokens at the words level, at positions 0, 1: "
+      r"give the one you mean, e.g. --query 0$")),
+    (("--source", "der Hund", "--kind", "enc-self", "--level", "words", "--style", "lines", "--query", "Katze"),
+     (r"--query 'Katze': --source 1 has no such query token at the words level; its 3 query tokens are "
+      r"0:der 1:Hund 2:</s> \(give a token or its position\)$")),
     (("--source", "der Hund", "--style", "arrows"), r"--style must be one of heatmap, lines"),
 ])
 def test_attention_command_bad_input(setup, run_cli, tmp_path, args, needle):  # noqa: F811

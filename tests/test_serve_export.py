@@ -62,3 +62,8 @@ def test_serve_refuses_a_data_dir_or_ema_beside_an_export(wm, run_cli):  # noqa:
     assert r.code == 2 and "nmtkit export --quantization int8" in r.err, r
     r = run_cli("serve", "--path", str(wm["post"]))
     assert r.code == 2 and "missing DATA_DIR" in r.err, r
+    # a search setting the export's engine cannot honour: one line, before anything listens
+    for args, message in [(["--lenpen-form", "gnmt"], "--lenpen-form gnmt: CTranslate2 has only fairseq's"),
+                          (["--early-stop", "bound"], "--early-stop bound: CTranslate2's beam search stops as")]:
+        r = run_cli("serve", "--path", out, "--port", "0", *args)
+        assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1, r

@@ -9,7 +9,7 @@ attention. Each runtime is one subclass in its format's package (`nmtkit.backend
 
 An engine declares what it supports in class attributes, so that a setting it cannot honour is
 refused once, in one line naming the flag: `unsupported(cfg)` for the search settings (called by
-`Translator.search_config`), `forced` for scores of given targets, alignments and attention,
+`Translator.search_config`), `teacher_forcing` for scores of given targets, alignments and attention,
 `ensembles`, `runs_ema` and `quantizes` for the load options (`registry.check_combination`).
 
 Source rows are numpy arrays of source dictionary ids without `</s>` (the engine adds it, as
@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from nmtkit.errors import UserError
 from nmtkit.search.config import Hypothesis, SearchConfig
 
 PRECISION_NAMES = ("fp32", "bf16", "fp16")  # --precision (nmtkit.models.loading.PRECISIONS holds their dtypes)
@@ -43,17 +44,19 @@ class RuntimeOptions:
 
 class Engine:
     """One loaded model (or ensemble) on one runtime. Subclasses set the class attributes and
-    implement `search`; `forced_pass` and `attention` where `forced` is True."""
+    implement `search`; `forced_pass` and `attention` where `teacher_forcing` is True."""
 
     name: ClassVar[str]  # the runtime as /info reports it: "nmtkit", "ctranslate2", ...
     display: ClassVar[str]  # how refusals name it: "CTranslate2"
-    forced: ClassVar[bool] = False  # teacher-forced scores, alignments and attention weights
+    teacher_forcing: ClassVar[bool] = False  # scores of given targets, alignments and attention weights
     ensembles: ClassVar[bool] = False  # several models averaged
     runs_ema: ClassVar[bool] = False  # --ema chosen at load time (an export chose it when written)
     quantizes: ClassVar[bool] = False  # --quantize at load time (an export chose it when written)
-    default_early_stop: ClassVar[str] = "bound"  # --early-stop when not given
+    # search settings (SearchConfig's names) that differ from SearchConfig's defaults when not
+    # given: what the runtime's own search does (CTranslate2 has only fairseq's rules)
+    search_defaults: ClassVar[dict] = {}
 
-    device: str  # where it runs, for messages and /info
+    device: object  # where it runs (a torch.device, or the runtime's name): str() for messages and /info
     max_source_tokens: int  # source tokens (without </s>) every model accepts
     max_target_tokens: int  # target tokens (without </s>) every model can produce
 
@@ -73,6 +76,23 @@ class Engine:
     def unsupported(cls, cfg: SearchConfig) -> str | None:
         """The one line refusing a search setting this runtime cannot honour, or None."""
         return None
+
+    @classmethod
+    def check_search(cls, cfg: SearchConfig) -> None:
+        """UserError with `unsupported`'s line: the one place a search setting is refused
+        (`Translator.search_config` at every call, `nmtkit serve` before it listens)."""
+        refusal = cls.unsupported(cfg)
+        if refusal is not None:
+            raise UserError(refusal)
+
+    @classmethod
+    def require_teacher_forcing(cls, what: str) -> None:
+        """UserError unless this runtime can teacher-force given targets (scores, alignments,
+        attention weights): the line `Translator` and `nmtkit attention` give."""
+        if not cls.teacher_forcing:
+            raise UserError(f"{what} needs nmtkit's own model: load the checkpoint and its data directory "
+                            f"(an export directory is run by {cls.display}, which exposes no attention or "
+                            "forced scores)")
 
     def architectures(self) -> list[dict]:
         """Each model's architecture (`ArchConfig.to_dict()`), for /info."""

@@ -5,7 +5,7 @@ Steps, each refusing bad input before any work is written:
    earlier export replaced with --force; never a folder holding an input);
 2. the data directory's manifest and dictionaries, and the checkpoint through the one loader
    (`nmtkit.models.loading.load_models`: dictionary and language checks, `--ema` weights);
-3. the format's conversion (`nmtkit.backends.FORMAT.convert.export_model`, e.g. CTranslate2's),
+3. the format's conversion (`nmtkit.backends.FORMAT.convert`: `prepare`, then `write`),
    which refuses an architecture it cannot represent in one line naming the setting;
 4. the data directory's dictionaries and subword model(s) copied beside it, and `nmtkit.json`
    written last, all in a temporary folder renamed to --output at the end
@@ -131,14 +131,15 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
     meta = _checkpoint_meta(opts.path)
     loaded = load_models([opts.path], src_dict, tgt_dict, "cpu", "fp32", ema=opts.ema,
                          langs=(manifest["source_lang"], manifest["target_lang"]))
-    model, cfg = loaded.models[0], loaded.configs[0]
-    del loaded
+    cfg = loaded.configs[0]
 
     say("converting")
+    prepared = convert.prepare(loaded.models[0], [src_dict[i] for i in range(len(src_dict))],
+                               [tgt_dict[i] for i in range(len(tgt_dict))])
+    del loaded  # the torch weights: the format's copy is what gets written
     with atomic_directory(out) as tmp:
-        runtime = convert.export_model(model, [src_dict[i] for i in range(len(src_dict))],
-                                       [tgt_dict[i] for i in range(len(tgt_dict))], tmp, opts.quantization)
-        del model
+        runtime = convert.write(prepared, tmp, opts.quantization)
+        del prepared
         runtime_files = sorted(p.name for p in tmp.iterdir())
         for name in names:
             shutil.copy2(Path(opts.data_dir) / name, tmp / name)

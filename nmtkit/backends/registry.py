@@ -5,11 +5,12 @@ path that is either nmtkit's own checkpoint(s) with their data directory, or a d
 `nmtkit export`. `describe` decides which, once, from the directory's own description file
 (`nmtkit.json`, whose `runtime.name` is its format), and `engine_class` gives the engine that
 runs it. The rules about what each can be combined with (ensembles, a data directory beside an
-export, --ema, --quantize) follow the engine's declared support, in `check_combination`.
+export, --ema, --quantize) follow the engine's declared support, in `check_combination` and
+`check_quantize`.
 
 Adding a runtime format: a package `nmtkit/backends/NAME/` with `convert.py` (`QUANTIZATIONS`,
-`DEFAULT_QUANTIZATION`, `export_model`) and `engine.py` (`ENGINE`, an `Engine` subclass), and
-one line in `FORMATS` (docs/internals.md).
+`import_runtime`, `prepare`, `write`) and `engine.py` (`ENGINE`, an `Engine` subclass), and one
+line in `FORMATS` (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -61,8 +62,7 @@ def find_export(paths: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
-def check_combination(paths: Sequence[str], data_dir, *, ema: bool = False, quantize: str | None = None,
-                      api: bool = False) -> str:
+def check_combination(paths: Sequence[str], data_dir, *, ema: bool = False, api: bool = False) -> str:
     """The format of `paths` after refusing what it cannot be combined with, in one line phrased
     for the command line's flags (or, with `api`, for `Translator.load`'s arguments)."""
     if not paths:
@@ -90,12 +90,17 @@ def check_combination(paths: Sequence[str], data_dir, *, ema: bool = False, quan
     if ema and not engine.runs_ema:
         raise UserError(f"--ema: {export} holds the weights chosen when it was exported (nmtkit export --ema); "
                         "drop --ema")
-    if quantize not in (None, "none") and not engine.quantizes:
-        raise UserError(f"quantize: {export} runs with the weight type chosen when it was exported "
-                        "(nmtkit export --quantization int8)" if api else
-                        f"--quantize: {export} runs with the weight type chosen when it was exported; export "
-                        "with nmtkit export --quantization int8 (or int8_float32) instead, and drop --quantize")
     return fmt
+
+
+def check_quantize(paths: Sequence[str], fmt: str, quantize: str | None, *, api: bool = False) -> None:
+    """Refuse --quantize where the format fixed its weight type when it was written (an export)."""
+    if quantize in (None, "none") or engine_class(fmt).quantizes:
+        return
+    raise UserError(f"quantize: {paths[0]} runs with the weight type chosen when it was exported "
+                    "(nmtkit export --quantization int8)" if api else
+                    f"--quantize: {paths[0]} runs with the weight type chosen when it was exported; export "
+                    "with nmtkit export --quantization int8 (or int8_float32) instead, and drop --quantize")
 
 
 @dataclass(frozen=True)

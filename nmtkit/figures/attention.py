@@ -92,7 +92,9 @@ def draw_lines(weights: np.ndarray, rows: Sequence[str], cols: Sequence[str], he
     line's opacity and width growing with the weight. `query`: draw only that row's lines (0-based;
     Figure 3 shows the word "making" alone). Weights under `min_weight` are not drawn.
 
-    weights: (len(heads), len(rows), len(cols)); heads: their 1-based numbers (the legend).
+    weights: (len(heads), len(rows), len(cols)); heads: their 1-based numbers (the legend). The
+    paper shows one head, or two overlaid; `nmtkit attention --style lines` passes head 1 alone
+    unless --heads names others, since every head's lines at once hardly read.
     """
     plt = import_pyplot()
     from matplotlib.lines import Line2D

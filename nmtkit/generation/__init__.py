@@ -4,5 +4,9 @@ one opener, `translator`), its inputs and batches (`items`), the `nmtkit generat
 (`forced`: scores, alignments, attention of given targets).
 
 The model work is an engine's (`nmtkit.backends`); the search and its settings are
-`nmtkit.search`. Nothing is imported here, so that `import nmtkit.generation.X` stays cheap.
+`nmtkit.search`. The search's settings and results are re-exported here (no torch imported).
 """
+
+from nmtkit.search.config import Hypothesis, SearchConfig, length_penalty
+
+__all__ = ["Hypothesis", "SearchConfig", "length_penalty"]

@@ -18,6 +18,8 @@ alignment convention); the source is `x1 .. xm </s>`. Alignment pairs are `sourc
 
 from __future__ import annotations
 
+import itertools
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -94,6 +96,59 @@ def word_strings(pieces: Sequence[str], words: Sequence[int], decode: Callable[[
     return [decode(g) for g in groups]
 
 
+def piece_text(piece: str) -> str:
+    """A piece's characters without the subword markers: sentencepiece's "▁" and subword-nmt's
+    trailing "@@" ("▁Ball" -> "Ball", "Ball@@" -> "Ball", "▁" -> "")."""
+    text = piece.replace(SPM_SPACE, "")
+    return text.removesuffix("@@")
+
+
+def is_punctuation(text: str) -> bool:
+    """Whether `text` is one or more characters, all Unicode punctuation ("," "." "?!" "«" ")")."""
+    return bool(text) and all(unicodedata.category(ch).startswith("P") for ch in text)
+
+
+def punctuation_words(pieces: Sequence[str], words: Sequence[int],
+                      strings: Sequence[str]) -> tuple[list[int], list[str]]:
+    """Words as the paper's figures show them: punctuation glued to a word becomes a word of its own.
+
+    pieces: a sentence's pieces; words: their word (0-based, `word_index`); strings: the words'
+    text (`word_strings`). Returns the same for the new words. Within a whitespace word, the
+    pieces before its first piece holding a letter or digit (or any character that is not
+    punctuation) form one word, the pieces after its last one another: "▁Ball" "," gives
+    "Ball" ","; "▁(" "x" ")" gives "(" "x" ")"; "Hun@@" "d@@" "." gives "Hund" ".". Punctuation
+    between such pieces stays inside ("3" "." "5" is one word "3.5"), a word of punctuation only
+    stays whole ("..."), and a piece that mixes letters and punctuation ("▁Ball,") is not split:
+    a piece is one row of attention weights. A word whose pieces do not spell its text (the
+    detokenizer normalized it, or an <unk>) stays whole.
+
+    Only for pictures: `word_index`'s whitespace words stay those of generate's alignments.
+    """
+    out_words: list[int] = []
+    out_strings: list[str] = []
+    start = 0
+    while start < len(pieces):
+        end = start
+        while end < len(pieces) and words[end] == words[start]:
+            end += 1
+        texts = [piece_text(p) for p in pieces[start:end]]
+        text = strings[words[start]]
+        content = [i for i, t in enumerate(texts) if t and not is_punctuation(t)]
+        cuts = [0, len(texts)]
+        if content and "".join(texts) == text:
+            first, last = content[0], content[-1] + 1
+            if "".join(texts[:first]):
+                cuts.insert(1, first)
+            if "".join(texts[last:]):
+                cuts.insert(-1, last)
+        for a, b in itertools.pairwise(cuts):
+            part = text if len(cuts) == 2 else "".join(texts[a:b])
+            out_words += [len(out_strings)] * (b - a)
+            out_strings.append(part)
+        start = end
+    return out_words, out_strings
+
+
 def word_alignment(pairs: Sequence[tuple[int, int]], src_words: Sequence[int],
                    tgt_words: Sequence[int]) -> list[tuple[int, int]]:
     """Subword pairs -> word pairs: two words are aligned when any of their pieces are (the usual
@@ -157,20 +212,29 @@ class Attention:
                 "dec-self": (self.target_tokens, self.decoder_inputs),
                 "cross": (self.target_tokens, self.source_tokens)}[kind]
 
-    def words(self) -> "Attention":
+    def words(self, split_punctuation: bool = False) -> Attention:
         """The same weights over words: a word's pieces merged by summing over the columns (keys)
-        and averaging over the rows (queries); </s> and <s> stay words of their own."""
+        and averaging over the rows (queries); </s> and <s> stay words of their own.
+
+        The words are the detokenized text's whitespace words (those of generate's
+        `--print-alignment words`); `split_punctuation=True`: punctuation glued to a word is a
+        word of its own, as in the paper's figures and `nmtkit attention --level words`
+        (`punctuation_words`)."""
         if self.level == "words":
             return self
         sw, tw = self.source_word_of, self.target_word_of
+        s_words, t_words = list(self.source_words), list(self.target_words)
+        if split_punctuation:
+            sw, s_words = punctuation_words(self.source_tokens, sw, s_words)
+            tw, t_words = punctuation_words(self.target_tokens, tw, t_words)
         dec_in = [0] + [w + 1 for w in tw[:-1]]  # <s> is word 0 of the decoder inputs
         return replace(
             self, level="words",
-            source_tokens=list(self.source_words), target_tokens=list(self.target_words),
-            decoder_inputs=[BOS_SYMBOL] + self.target_words[:-1],
+            source_tokens=s_words, target_tokens=t_words, decoder_inputs=[BOS_SYMBOL] + t_words[:-1],
             enc_self=merge_groups(self.enc_self, sw, sw), dec_self=merge_groups(self.dec_self, tw, dec_in),
             cross=merge_groups(self.cross, tw, sw),
-            source_word_of=list(range(len(self.source_words))), target_word_of=list(range(len(self.target_words))),
+            source_words=list(s_words), target_words=list(t_words),
+            source_word_of=list(range(len(s_words))), target_word_of=list(range(len(t_words))),
         )
 
     def to_dict(self, kind: str | None = None, layer: int | None = None, heads: Sequence[int] | None = None) -> dict:

@@ -25,7 +25,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
 
@@ -36,13 +36,14 @@ from nmtkit.generation.items import Item, Truncations, warn_stderr
 from nmtkit.generation.model_flags import (
     check_model_options,
     model_source,
+    from_flags,
+    print_note,
     runtime_options,
-    search_flag_defaults,
     with_seed,
 )
 from nmtkit.generation.translator import Translator
 from nmtkit.search.config import Hypothesis, SearchConfig
-from nmtkit.settings import construct, group, negate, setting
+from nmtkit.settings import group, negate, setting
 
 FORMATS = ("plain", "fairseq")
 
@@ -52,7 +53,7 @@ class GenerateOptions:
     """Everything `nmtkit generate` needs; each field with `setting(...)` is one of its flags,
     with its default and help text (docs/generate.md); `search` contributes SearchConfig's."""
 
-    paths: list[str] = setting(flag="--path", parse=list, help="Checkpoint; give it several times for an ensemble. Or a directory made by nmtkit export (run by CTranslate2).")
+    paths: list[str] = setting(flag="--path", parse=list, help="Checkpoint; give it several times for an ensemble. Or a directory made by nmtkit export (run by its runtime, e.g. CTranslate2).")
     # None: --path is an export directory (nmtkit export), which carries its own dictionaries and subword models
     data_dir: str | None = setting(None, flag="data_dir", argument=True, show_default=False, help="Preprocessed data directory (dictionaries, subword model, splits); not needed when --path is an export directory.")
     # default "test" when no --input
@@ -71,7 +72,8 @@ class GenerateOptions:
     search: SearchConfig = group(SearchConfig)
     max_tokens: int | None = setting(None, flag="--max-tokens", help="Batch limit in padded source tokens.")
     batch_size: int | None = setting(None, flag="--batch-size", help="Batch limit in sentences [default: 128 unless --max-tokens].")
-    buffer_size: int = setting(10000, flag="--buffer-size", help="Sentences read, sorted and translated at a time (1 for interactive use).")
+    # not given on the command line: 1 when --input - is a terminal (from_flags)
+    buffer_size: int = setting(10000, flag="--buffer-size", unset=True, show_default=False, help="Sentences read, sorted and translated at a time [default: 10000; 1 when --input - is a terminal: each line is translated as it is entered].")
     device: str = setting("auto", flag="--device", help="auto, cpu, cuda, cuda:N or mps.")
     precision: str = setting("fp32", flag="--precision", help="fp32, bf16 or fp16 (weights and activations; scores in fp32).")
     quantize: str = setting("none", flag="--quantize", help="int8: int8 linear layers on CPU (faster, scores in fp32; a small BLEU cost, docs/generate.md); none: the model's fp32 weights.")
@@ -79,12 +81,17 @@ class GenerateOptions:
     seed: int | None = setting(None, flag="--seed", help="Random seed (sampling).")
     ema: bool = setting(False, flag="--ema", help="Use the checkpoints' EMA weights instead of the raw weights.")
     # progress bar and the summary line on stderr
+    engine_note: str | None = field(default=None, compare=False, repr=False)  # from_flags: engine defaults chosen
     progress: bool = setting(True, flag="--quiet", aliases=("-q",), cli_type=bool, cli_default=False, parse=negate, help="No progress bar and no summary line on stderr.")
 
     @classmethod
     def from_flags(cls, values: dict) -> "GenerateOptions":
-        """The options from `nmtkit generate`'s flags (`search_flag_defaults`)."""
-        return construct(cls, {**values, "search": search_flag_defaults(values)})
+        """The options from `nmtkit generate`'s flags (`search_flag_defaults`); without
+        --buffer-size, a terminal on stdin is answered line by line, as fairseq-interactive does
+        (a file or a pipe keeps the large buffer)."""
+        if values.get("buffer_size") is None and values.get("input") == "-" and sys.stdin.isatty():
+            values = {**values, "buffer_size": 1}
+        return from_flags(cls, values)
 
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting (the search's own are
@@ -139,7 +146,7 @@ class GenerateOptions:
         engine = engine_class(fmt)
         for flag, given in (("--print-alignment", self.print_alignment is not None),
                             ("--score-reference", self.score_reference)):
-            if given and not engine.forced:
+            if given and not engine.teacher_forcing:
                 raise UserError(f"{flag}: {export} is run by {engine.display}, which nmtkit does not read attention "
                                 "or forced scores from; use the checkpoint and its data directory")
 
@@ -428,6 +435,7 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     opts.validate()
     warn = warn or warn_stderr
     tr = open_translator(opts, warn)
+    print_note(opts.engine_note)
     total, items, trunc = _inputs(opts, tr)
     layer = _alignment_layer(opts, tr)
     stats = GenerateStats(scored=opts.score_reference)

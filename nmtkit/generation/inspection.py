@@ -4,7 +4,8 @@ What it does: each source sentence (raw text given with --source, or sentences o
 split picked with --gen-subset/--index) is paired with a target (--target, the split's own
 target with --split-target, or by default the model's beam translation), teacher-forced through
 the model with the explicit softmax path (`Translator.attention`), optionally merged from
-subwords into words, and the chosen kind / layer / heads are written as one PNG per sentence
+subwords into words (punctuation glued to a word split off, as in the paper's figures), and
+the chosen kind / layer / heads are written as one PNG per sentence
 (`nmtkit.figures.attention`), or as one JSON or NPZ file with the arrays and the token
 strings. Everything is computed and checked before the first file is written, so a bad
 sentence stops the run with nothing half-written.
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from nmtkit.errors import UserError
-from nmtkit.generation.forced import Attention
+from nmtkit.generation.forced import Attention, piece_text
 from nmtkit.backends.engine import PRECISION_NAMES
 from nmtkit.models.transformer import ATTENTION_KINDS
 from nmtkit.search.config import SearchConfig
@@ -34,6 +36,35 @@ AXES = {  # kind -> (row axis, column axis) names in the pictures
     "dec-self": ("target (the token predicted)", "decoder input (keys)"),
     "cross": ("target (the token predicted)", "source (keys)"),
 }
+
+
+def _query_number(value: str) -> int | None:
+    """--query "11" -> 11 (a 0-based position, "-1" too, refused later as out of range); a word -> None."""
+    return int(value) if re.fullmatch(r"\s*[+-]?\d+\s*", value) else None
+
+
+def _query_position(value: str, rows: list[str], where: str, level: str) -> int:
+    """The row (0-based) that --query names in one sentence: a position, or a token of the rows
+    (as labelled, or without the subword markers "▁" and "@@"); UserError naming the positions
+    when it is out of range, ambiguous or absent."""
+    n = _query_number(value)
+    span = f"{len(rows)} query tokens (0..{len(rows) - 1}) at the {level} level"
+    if n is not None:
+        if not 0 <= n < len(rows):
+            raise UserError(f"--query {n}: {where} has {span}")
+        return n
+    found = [i for i, t in enumerate(rows) if t == value]
+    if not found:
+        found = [i for i, t in enumerate(rows) if piece_text(t) == value]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise UserError(f"--query {value!r}: {where} has it {len(found)} times among its query tokens at the {level} "
+                        f"level, at positions {', '.join(map(str, found))}: give the one you mean, e.g. "
+                        f"--query {found[0]}")
+    tokens = " ".join(f"{i}:{t}" for i, t in enumerate(rows))
+    raise UserError(f"--query {value!r}: {where} has no such query token at the {level} level; its {len(rows)} "
+                    f"query tokens are {tokens} (give a token or its position)")
 
 
 def _heads(value: str | None) -> list[int] | None:
@@ -62,10 +93,10 @@ class AttentionOptions:
     split_target: bool = setting(False, flag="--split-target", help="With --gen-subset: teacher-force the split's own target sentences.")
     kind: str = setting("cross", flag="--kind", help="enc-self (encoder self-attention), dec-self (masked decoder self-attention) or cross (encoder-decoder).")
     layer: int | None = setting(None, flag="--layer", help="Layer, 1-based (the paper's 'layer 5 of 6') [default: the last].")
-    heads: str | None = setting(None, flag="--heads", help="Heads to show, 1-based, comma-separated (e.g. 5,6) [default: all].")
-    level: str = setting("subword", flag="--level", help="subword: the model's tokens; words: a word's pieces merged (sum over keys, mean over queries).")
-    style: str = setting("heatmap", flag="--style", help="PNG style: heatmap (a grid of heads) or lines (the paper's Figures 3-5: queries on top, keys below, a line per weight, a color per head).")
-    query: int | None = setting(None, flag="--query", help="--style lines: only this query token's lines (0-based position in the rows, as in alignment pairs; the paper's Figure 3).")
+    heads: str | None = setting(None, flag="--heads", help="Heads to show, 1-based, comma-separated (e.g. 5,6), or all [default: all; with --style lines: 1, and --heads all overlays every head].")
+    level: str = setting("subword", flag="--level", help="subword: the model's tokens; words: a word's pieces merged (sum over keys, mean over queries), punctuation glued to a word split off as a word of its own.")
+    style: str = setting("heatmap", flag="--style", help="PNG style: heatmap (a grid of heads) or lines (the paper's Figures 3-5: queries on top, keys below, a line per weight; one head unless --heads names more, a color per head).")
+    query: str | None = setting(None, flag="--query", metavar="N|WORD", help="--style lines: only this query token's lines: its 0-based position in the rows (as in alignment pairs) or the token itself, e.g. making (the paper's Figure 3).")
     format: str = setting("png", flag="--format", help="png: one picture per sentence (needs the plot extra); json or npz: one file of arrays and tokens.")
     output: str | None = setting(None, flag="--output", aliases=("-o",), help="File to write; with several sentences PNGs get -1, -2, ... before the suffix [default: attention.FORMAT].")
     search: SearchConfig = group(SearchConfig)
@@ -115,8 +146,12 @@ class AttentionOptions:
         if self.query is not None:
             if self.style != "lines" or self.format != "png":
                 raise UserError("--query applies to --style lines (PNG)")
-            if self.query < 0:
-                raise UserError(f"--query is a 0-based token position, got {self.query}")
+            if not str(self.query).strip():
+                raise UserError("--query takes a 0-based query token position or the token itself, got ''")
+            n = _query_number(str(self.query))
+            if n is not None and n < 0:
+                raise UserError(f"--query is a 0-based token position, got {n}")
+        # what can be refused before the model is loaded is; the upper limits are the model's (collect)
         if self.layer is not None and self.layer < 1:
             raise UserError(f"--layer is 1-based (1 = the lowest layer), got {self.layer}")
         heads = _heads(self.heads)
@@ -126,6 +161,9 @@ class AttentionOptions:
             raise UserError(f"--threads must be >= 0 (0 = torch's default), got {self.threads}")
         if self.search.sampling:
             raise UserError("--sampling: the model's own translation here is its beam (or greedy) search result")
+
+    def draws_lines(self) -> bool:
+        return self.format == "png" and self.style == "lines"
 
     def output_path(self) -> Path:
         return Path(self.output if self.output else f"attention.{self.format}")
@@ -139,6 +177,7 @@ class Selected:
     weights: np.ndarray
     rows: list[str]
     cols: list[str]
+    query: int | None = None  # --query's row (--style lines)
 
 
 def _items(opts: AttentionOptions, tr) -> list[tuple[str, object, str | None]]:
@@ -165,33 +204,43 @@ def _items(opts: AttentionOptions, tr) -> list[tuple[str, object, str | None]]:
 
 def collect(opts: AttentionOptions, tr) -> tuple[list[Selected], int, list[int]]:
     """The attention of every sentence; (selected per sentence, the layer, the heads), 1-based."""
-    n_layers = tr.engine.layers(opts.kind)
-    layer = n_layers if opts.layer is None else opts.layer
-    if layer > n_layers:
-        side = "encoder" if opts.kind == "enc-self" else "decoder"
-        raise UserError(f"--layer {layer} is out of range: the model has {n_layers} {side} layers (1..{n_layers})")
-    n_heads = tr.engine.heads(opts.kind)
-    heads = _heads(opts.heads) or list(range(1, n_heads + 1))
-    if max(heads) > n_heads:
-        raise UserError(f"--heads {max(heads)} is out of range: the model has {n_heads} heads (1..{n_heads})")
+    layer, heads = _layer_and_heads(opts, tr.engine.layers(opts.kind), tr.engine.heads(opts.kind))
     out = []
     for k, (name, item, target) in enumerate(_items(opts, tr)):
         a = tr.attention_of_item(item, target, where=name, target_where=f"--target {k + 1}")
         if opts.level == "words":
-            a = a.words()
+            a = a.words(split_punctuation=True)
         rows, cols = a.labels(opts.kind)
-        if opts.query is not None and opts.query >= len(rows):
-            raise UserError(f"--query {opts.query}: {name} has {len(rows)} query tokens (0..{len(rows) - 1}) "
-                            f"at the {opts.level} level")
+        query = None if opts.query is None else _query_position(opts.query, rows, name, opts.level)
         w = a.weights(opts.kind)[layer - 1][[h - 1 for h in heads]]  # (heads, rows, cols)
-        out.append(Selected(a, w, rows, cols))
+        out.append(Selected(a, w, rows, cols, query))
     return out, layer, heads
+
+
+def _layer_and_heads(opts: AttentionOptions, n_layers: int, n_heads: int) -> tuple[int, list[int]]:
+    """The layer and heads to show (1-based), checked against the model's: a UserError naming
+    every number out of range and the range. --heads not given: every head, but only the first
+    with --style lines (a picture of one head's lines; --heads all overlays them all)."""
+    side = "encoder" if opts.kind == "enc-self" else "decoder"
+    layer = n_layers if opts.layer is None else opts.layer
+    if not 1 <= layer <= n_layers:
+        raise UserError(f"--layer {layer} is out of range: the model has {n_layers} {side} layers (1..{n_layers}, "
+                        "1 = the lowest)")
+    heads = _heads(opts.heads)
+    if heads is None:
+        heads = [1] if opts.heads is None and opts.draws_lines() else list(range(1, n_heads + 1))
+    bad = [h for h in heads if not 1 <= h <= n_heads]
+    if bad:
+        verb = "is" if len(bad) == 1 else "are"
+        raise UserError(f"--heads {','.join(map(str, bad))} {verb} out of range: the model has {n_heads} heads "
+                        f"in each {side} layer (1..{n_heads})")
+    return layer, heads
 
 
 def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
     """Run `nmtkit attention`: compute everything, then write the file(s); returns their paths."""
     from nmtkit.backends.engine import RuntimeOptions
-    from nmtkit.backends.registry import check_combination, describe
+    from nmtkit.backends.registry import check_combination, describe, engine_class, find_export
     from nmtkit.generation.items import warn_stderr
     from nmtkit.generation.translator import Translator
 
@@ -201,6 +250,9 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
         from nmtkit.figures.attention import import_pyplot
 
         import_pyplot()
+    found = find_export([opts.path])
+    if found is not None:  # the pictures read the model's own attention weights
+        engine_class(found[1]).require_teacher_forcing(f"--path {opts.path}: attention")
     source = describe([opts.path], opts.data_dir, check_combination([opts.path], opts.data_dir, ema=opts.ema))
     tr = Translator.open(source, RuntimeOptions(opts.device, opts.precision, opts.threads, opts.ema), warn=warn,
                          search=opts.search)
@@ -223,16 +275,25 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
     paths = [out] if len(sentences) == 1 else [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}")
                                                for i in range(len(sentences))]
     row_axis, col_axis = AXES[opts.kind]
-    side = "encoder" if opts.kind == "enc-self" else "decoder"
     for s, p in zip(sentences, paths):
-        what = "given target" if s.attention.target_given else "the model's translation"
-        title = (f"{opts.kind} attention, {side} layer {layer} of {n_layers}\n({opts.level} level; target: {what}, "
-                 f"log-prob {s.attention.score.logprob:.2f})")
+        title = figure_title(opts.kind, layer, n_layers, opts.level, s.attention)
         if opts.style == "lines":
-            draw_lines(s.weights, s.rows, s.cols, heads, title, p, query=opts.query)
+            draw_lines(s.weights, s.rows, s.cols, heads, title, p, query=s.query)
         else:
             draw_heads(s.weights, s.rows, s.cols, heads, title, p, row_axis, col_axis)
     return paths
+
+
+def figure_title(kind: str, layer: int, n_layers: int, level: str, a: Attention) -> str:
+    """A picture's title: what it shows. Encoder self-attention shows the source alone, so its
+    title names no target; decoder attention's names the target (given or the model's own) and
+    its log-probability."""
+    side = "encoder" if kind == "enc-self" else "decoder"
+    head = f"{kind} attention, {side} layer {layer} of {n_layers}"
+    if kind == "enc-self":
+        return f"{head}\n({level} level)"
+    what = "given target" if a.target_given else "the model's translation"
+    return f"{head}\n({level} level; target: {what}, log-prob {a.score.logprob:.2f})"
 
 
 def _sentence_json(s: Selected) -> dict:

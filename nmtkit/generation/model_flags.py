@@ -16,6 +16,7 @@ from nmtkit.backends.registry import (
     CHECKPOINT,
     ModelSource,
     check_combination,
+    check_quantize,
     describe,
     engine_class,
     find_export,
@@ -32,11 +33,13 @@ def default_max_len_b(data_dir: str) -> int:
     return default_search(load_manifest(data_dir)).max_len_b
 
 
-def search_flag_defaults(values: dict) -> dict:
-    """The search flags with the defaults that depend on the model: a --max-len-b not given depends
-    on the data directory (50, or 300 for a parsing data directory: `default_max_len_b`), and an
-    --early-stop not given is the engine's rule (`bound`; `beam` on a CTranslate2 export).
-    `values` holds the command's flag values: `search`, `paths` and `data_dir` (generate, serve)."""
+def search_flag_defaults(values: dict) -> tuple[dict, str | None]:
+    """The search flags with the defaults that depend on the model, and a note saying which
+    engine defaults were chosen (None: none). A --max-len-b not given depends on the data
+    directory (50, or 300 for a parsing data directory: `default_max_len_b`); --lenpen-form and
+    --early-stop not given are the engine's (the paper's gnmt and bound; fairseq's and beam on a
+    CTranslate2 export). `values` holds the command's flag values: `search`, `paths` and
+    `data_dir` (generate, serve)."""
     flags = dict(values["search"])
     found = find_export(values["paths"] or ())
     if flags["max_len_b"] is None:
@@ -46,9 +49,33 @@ def search_flag_defaults(values: dict) -> dict:
             flags["max_len_b"] = default_search(load_export(found[0])["data"]).max_len_b
         elif values["data_dir"] is not None:
             flags["max_len_b"] = default_max_len_b(values["data_dir"])
-    if flags["early_stop"] is None and found is not None:
-        flags["early_stop"] = engine_class(found[1]).default_early_stop
-    return flags
+    note = None
+    if found is not None:
+        engine = engine_class(found[1])
+        applied = {k: v for k, v in engine.search_defaults.items() if flags.get(k) is None}
+        flags.update(applied)
+        if applied:
+            given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
+            note = (f"{found[0]} is run by {engine.display}, which decodes with fairseq's rules: {given} "
+                    "(the paper's gnmt length penalty and exact stopping need the checkpoint)")
+    return flags, note
+
+
+def from_flags(cls, values: dict):
+    """generate's or serve's options from their flags (`search_flag_defaults`); the note on the
+    engine's defaults is kept for the command to print once its model is open."""
+    from nmtkit.settings import construct
+
+    search, note = search_flag_defaults(values)
+    return construct(cls, {**values, "search": search, "engine_note": note})
+
+
+def print_note(note: str | None) -> None:
+    """A note on stderr (a default chosen for the user), as warnings are printed; None: nothing."""
+    if note is not None:
+        import sys
+
+        print(f"nmtkit: note: {note}", file=sys.stderr)
 
 
 def check_model_options(opts) -> str | None:
@@ -59,13 +86,14 @@ def check_model_options(opts) -> str | None:
     s = opts.search
     if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
         raise UserError("--topk, --topp and --temperature apply only with --sampling")
-    if opts.quantize not in QUANTIZE_CHOICES:
-        raise UserError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {opts.quantize!r}")
-    fmt = check_combination(opts.paths, opts.data_dir, ema=opts.ema, quantize=opts.quantize)
+    fmt = check_combination(opts.paths, opts.data_dir, ema=opts.ema)
     if opts.precision not in PRECISION_NAMES:
         raise UserError(f"--precision must be one of {', '.join(PRECISION_NAMES)}, got {opts.precision!r}")
     if opts.threads < 0:
         raise UserError(f"--threads must be >= 0 (0 = torch's default), got {opts.threads}")
+    if opts.quantize not in QUANTIZE_CHOICES:
+        raise UserError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {opts.quantize!r}")
+    check_quantize(opts.paths, fmt, opts.quantize)
     if opts.quantize != "none" and opts.precision != "fp32":
         raise UserError(f"--quantize {opts.quantize} works from fp32 weights; drop --precision {opts.precision}")
     return None if fmt == CHECKPOINT else str(opts.paths[0])

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nmtkit.backends.engine import Engine, RuntimeOptions
-from nmtkit.backends.registry import ModelSource, check_combination, describe
+from nmtkit.backends.registry import ModelSource, check_combination, check_quantize, describe
 from nmtkit.errors import UserError
 from nmtkit.generation import forced
 from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
@@ -94,7 +94,7 @@ class Translator:
             if v is not None and v < 1:
                 raise UserError(f"{name} must be >= 1, got {v}")
         self.engine = engine
-        self.source = source
+        self.model_source = source  # what the model path is: checkpoints or an export
         self.data_dir = source.folder  # the data directory, or the export directory's copies of its files
         self.manifest = manifest = source.manifest
         self.src_lang, self.tgt_lang = manifest["source_lang"], manifest["target_lang"]
@@ -140,7 +140,8 @@ class Translator:
         export's own dictionaries and subword models, behind the same interface.
         """
         paths = _paths(path)
-        fmt = check_combination(paths, data_dir, ema=ema, quantize=quantize, api=True)
+        fmt = check_combination(paths, data_dir, ema=ema, api=True)
+        check_quantize(paths, fmt, quantize, api=True)
         options = RuntimeOptions(str(device), precision, threads, ema, quantize)
         return cls.open(describe(paths, data_dir, fmt), options, max_tokens=max_tokens, batch_size=batch_size,
                         warn=warn, search=search, **search_settings)
@@ -156,20 +157,21 @@ class Translator:
         warn = warn or warn_stderr
         if prepared is None:
             prepared = source.engine.prepare(options, warn)
-        cfg = apply_search_settings(search if search is not None else cls.default_search(source), search_settings)
+        cfg = apply_search_settings(search if search is not None else cls.search_defaults(source), search_settings)
+        source.engine.check_search(cfg)  # before anything is read or loaded
         src_dict, tgt_dict = source.dictionaries()
         tgt_subword = source.subword_model(source.manifest["target_lang"])
         engine = source.engine.open(source, prepared, src_dict, tgt_dict, options, cfg)
         tr = cls(engine, source, src_dict=src_dict, tgt_dict=tgt_dict, tgt_subword=tgt_subword, search=cfg,
                  max_tokens=max_tokens, batch_size=batch_size, warn=warn)
-        tr.search_config()  # a setting the engine cannot honour is refused now, not at the first call
         return tr
 
     @staticmethod
-    def default_search(source: ModelSource) -> SearchConfig:
+    def search_defaults(source: ModelSource) -> SearchConfig:
         """SearchConfig's defaults for `source`: the output limit of its data (a parsing model's
-        input + 300) and its engine's stopping rule (CTranslate2 has only fairseq's)."""
-        return dataclasses.replace(default_search(source.manifest), early_stop=source.engine.default_early_stop)
+        input + 300) and its engine's own rules (CTranslate2 has only fairseq's length penalty
+        and stopping rule)."""
+        return dataclasses.replace(default_search(source.manifest), **source.engine.search_defaults)
 
     # -- properties
 
@@ -181,7 +183,7 @@ class Translator:
     def src_subword(self):
         """The source subword model (loaded on first use: a binarized split never needs it)."""
         if self._src_subword is None:
-            self._src_subword = self.source.subword_model(self.src_lang)
+            self._src_subword = self.model_source.subword_model(self.src_lang)
         return self._src_subword
 
     @property
@@ -194,9 +196,7 @@ class Translator:
         the target dictionary's special ids, and the output limit capped by the models' positions.
         A setting the engine cannot honour is refused here, in the engine's one line."""
         cfg = apply_search_settings(self.search, overrides) if overrides else self.search
-        refusal = self.engine.unsupported(cfg)
-        if refusal is not None:
-            raise UserError(refusal)
+        self.engine.check_search(cfg)
         top = self.engine.max_target_tokens
         cap = top if cfg.max_len_cap is None else min(cfg.max_len_cap, top)
         t = self.tgt_dict
@@ -316,12 +316,8 @@ class Translator:
         return ids
 
     def _needs_forced(self, what: str) -> None:
-        """UserError unless the engine can teacher-force given targets (scores, alignments and
-        attention weights): the one place where that support is asked."""
-        if not self.engine.forced:
-            raise UserError(f"{what} needs nmtkit's own model: load the checkpoint and its data directory "
-                            f"(an export directory is run by {self.engine.display}, which exposes no attention "
-                            "or forced scores)")
+        """UserError unless the engine can teacher-force given targets (`Engine.require_teacher_forcing`)."""
+        self.engine.require_teacher_forcing(what)
 
     def _layer(self, layer: int, kind: str = "cross") -> int:
         """A 0-based (negative: from the top) layer index checked against every model."""
@@ -445,8 +441,8 @@ class Translator:
         `tgt` (raw text), else the item's `target_ids`, else the model's own translation. Errors
         name the sentence as `where` (and a bad target as `target_where`)."""
         self._needs_forced("attention")
-        if len(self.source.paths) > 1:
-            raise UserError(f"attention is per model: this translator holds {len(self.source.paths)}; load one checkpoint")
+        if len(self.model_source.paths) > 1:
+            raise UserError(f"attention is per model: this translator holds {len(self.model_source.paths)}; load one checkpoint")
         if len(item.ids) == 0:
             raise UserError(f"{where}: empty source sentence")
         if tgt is not None:

@@ -32,7 +32,8 @@ class SearchConfig:
     beam: int = setting(4, flag="--beam", help="Beam size; 1 = greedy search; with --sampling the number of samples.")
     lenpen: float = setting(0.6, flag="--lenpen", help="Length penalty exponent alpha (0 = none).")
     # "gnmt": ((5+|Y|)/6)^alpha (t2t, the paper); "fairseq": |Y|^alpha
-    lenpen_form: str = setting("gnmt", flag="--lenpen-form", help="gnmt: ((5+|Y|)/6)^alpha (paper, tensor2tensor); fairseq: |Y|^alpha.")
+    # not given on the command line: the engine's (fairseq on a CTranslate2 export; model_flags)
+    lenpen_form: str = setting("gnmt", flag="--lenpen-form", unset=True, show_default=False, help="gnmt: ((5+|Y|)/6)^alpha (paper, tensor2tensor); fairseq: |Y|^alpha [default: gnmt; fairseq on a CTranslate2 export].")
     max_len_a: float = setting(1.0, flag="--max-len-a", help="Output limit a*src_len+b tokens (before </s>): a.")
     # not given on the command line: GenerateOptions.from_flags decides (300 for a parsing data dir)
     max_len_b: int = setting(50, flag="--max-len-b", unset=True, show_default=False, help="Output limit a*src_len+b tokens (before </s>): b [default: 50; 300 for a parsing data dir].")
@@ -44,7 +45,7 @@ class SearchConfig:
     # can still beat the nbest finished ones; tensor2tensor's rule, per sentence), "beam"
     # (fairseq's: `beam` finished hypotheses, admitting only </s> extensions that rank among
     # the step's `beam` best candidates) or "none" (decode to the output limit).
-    # not given on the command line: GenerateOptions.from_flags decides ("beam" on an export directory)
+    # not given on the command line: the engine's ("beam" on a CTranslate2 export; model_flags)
     early_stop: str = setting("bound", flag="--early-stop", unset=True, show_default=False, help="When a sentence stops: bound (exact: no live hypothesis can still win; tensor2tensor), beam (fairseq: once --beam hypotheses finished; faster, not exact) or none (at the output limit) [default: bound; beam on an export directory].")
     # Sampling (a bonus): `beam` independent samples per sentence instead of a beam.
     sampling: bool = setting(False, flag="--sampling", help="Sample instead of searching (--beam samples per sentence).")

@@ -8,16 +8,13 @@ The rest are the server's: where it listens, how it batches, and what a request 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nmtkit.errors import UserError
-from nmtkit.generation.generator import (
-    GenerateOptions,
-    check_model_options,
-    search_flag_defaults,
-)
+from nmtkit.generation.generator import GenerateOptions
+from nmtkit.generation.model_flags import check_model_options, from_flags
 from nmtkit.search.config import SearchConfig
-from nmtkit.settings import construct, group, same_setting, setting
+from nmtkit.settings import group, same_setting, setting
 
 SERVER = "Server"
 BATCHING = "Batching"
@@ -45,12 +42,13 @@ class ServeOptions:
     threads: int = same_setting(GenerateOptions, "threads")
     ema: bool = same_setting(GenerateOptions, "ema")
     quantize: str = same_setting(GenerateOptions, "quantize")
+    engine_note: str | None = field(default=None, compare=False, repr=False)  # from_flags: engine defaults chosen
 
     @classmethod
     def from_flags(cls, values: dict) -> "ServeOptions":
-        """As `GenerateOptions.from_flags`: --max-len-b and --early-stop not given depend on the
-        model (`search_flag_defaults`)."""
-        return construct(cls, {**values, "search": search_flag_defaults(values)})
+        """As `GenerateOptions.from_flags`: --max-len-b, --lenpen-form and --early-stop not given
+        depend on the model (`search_flag_defaults`)."""
+        return from_flags(cls, values)
 
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting (the search's own are

@@ -217,18 +217,22 @@ class _Uvicorn:
 
 def serve(opts: ServeOptions) -> None:
     """`nmtkit serve`: the flags' server, until SIGTERM/SIGINT."""
-    from nmtkit.generation.model_flags import model_source, runtime_options
+    from nmtkit.generation.model_flags import model_source, print_note, runtime_options
 
     require_extra()
     opts.validate()
-    # The commonest mistakes, refused before anything listens (one line, as generate gives); a
-    # model that is there but does not load stops the server after it started listening.
+    # Every flag and setting is checked against the model before anything listens (one line, as
+    # generate gives); a model that is there but does not load stops the server after it started.
     for p in opts.paths:
         require_exists(p)
     if opts.data_dir is not None:
         load_manifest(opts.data_dir)  # "data directory not found: ...", or not one nmtkit made
-    # device errors first, and an export directory's damage (its description and checksums)
-    model_source(opts).engine.prepare(runtime_options(opts), lambda msg: None)
+    # device errors first, an export directory's damage (its description and checksums), and the
+    # search settings its engine cannot honour
+    source = model_source(opts)
+    source.engine.prepare(runtime_options(opts), lambda msg: None)
+    source.engine.check_search(opts.search)
+    print_note(opts.engine_note)
     server = Server(opts)
     server.bind()
     server.run()

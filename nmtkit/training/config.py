@@ -212,8 +212,8 @@ class TrainConfig:
         self._require_positive("threads", allow_none=True)
 
     def _validate_validation(self) -> None:
-        """--eval-bleu's search, the metric that picks checkpoint_best.pt, and the settings that
-        need validation to run at all."""
+        """--eval-bleu's search, the metric that picks checkpoint_best.pt, the settings that need
+        validation to run at all, and --ema-decay."""
         self._require_positive("eval_bleu_beam")
         self._require_non_negative("eval_bleu_max_len_a")
         from nmtkit.search.config import check_lenpen

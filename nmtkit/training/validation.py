@@ -98,7 +98,8 @@ class Validator:
         """Corpus sacreBLEU (13a, cased) of decoded valid sources against the valid targets."""
         import sacrebleu
 
-        from nmtkit.search.beam import SearchConfig, search
+        from nmtkit.search.beam import search
+        from nmtkit.search.config import SearchConfig
 
         was_training = model.training
         model.eval()

@@ -8,7 +8,7 @@
 # Exports CKPT twice (float32, int8) into $BENCH_DIR, then runs every configuration (runtime x
 # batch size x threads) once per round, alternating, RUNS rounds, and prints sentences/s (process
 # and search), peak RSS, sacreBLEU and the lines identical to native's, with the search-speed
-# ratio to native; then the check (the float32 export's lines against native generate).
+# ratio to native; then the export check (the float32 export's lines against native generate).
 # Report ratios from one sitting: shared machines drift. Needs the ctranslate2 extra.
 #
 #   CKPT=FILE  DATA=DIR    the quickstart's averaged checkpoint and its data directory (required)

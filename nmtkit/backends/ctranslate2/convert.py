@@ -36,7 +36,6 @@ from nmtkit.errors import UserError
 
 INSTALL_HINT = "pip install 'nmtkit[ctranslate2]'"
 # Converter.convert's quantization names (`nmtkit export --quantization`).
-DEFAULT_QUANTIZATION = "float32"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmtkit's model uses
 
@@ -236,9 +235,15 @@ def convert(spec, output_dir: str, quantization: str) -> None:
         raise UserError(f"CTranslate2 refused the converted model: {first}") from None
 
 
-def export_model(model, src_tokens: list[str], tgt_tokens: list[str], folder, quantization: str) -> dict:
-    """Write `model` (a loaded nmtkit `Transformer`) as a CTranslate2 model into the new folder
-    `folder`; returns what nmtkit.json records of the runtime (its version)."""
-    ct2 = import_ctranslate2()
-    convert(build_spec(model, src_tokens, tgt_tokens), str(folder), quantization)
-    return {"version": ct2.__version__}
+def prepare(model, src_tokens: list[str], tgt_tokens: list[str]):
+    """The format's copy of a loaded nmtkit `Transformer` (its spec): the caller can then free
+    the torch model before `write`, so that two copies of the weights never meet the one being
+    written."""
+    return build_spec(model, src_tokens, tgt_tokens)
+
+
+def write(spec, folder, quantization: str) -> dict:
+    """Write `spec` (from `prepare`) into the new folder `folder`; returns what nmtkit.json
+    records of the runtime (its version)."""
+    convert(spec, str(folder), quantization)
+    return {"version": import_ctranslate2().__version__}

@@ -121,7 +121,7 @@ class CTranslate2Engine(Engine):
 
     name = "ctranslate2"
     display = "CTranslate2"
-    default_early_stop = "beam"
+    search_defaults = {"lenpen_form": "fairseq", "early_stop": "beam"}
 
     def __init__(self, runtime, *, info: dict, src_dict, tgt_dict, device: str, compute_type: str):
         from nmtkit.models.registry import ArchConfig

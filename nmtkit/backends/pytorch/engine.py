@@ -57,7 +57,7 @@ class TorchEngine(Engine):
 
     name = "nmtkit"
     display = "nmtkit"
-    forced = True
+    teacher_forcing = True
     ensembles = True
     runs_ema = True
     quantizes = True
