@@ -11,6 +11,7 @@ import os
 import sys
 
 import typer
+from nmtkit.cli import fairseq_flags
 from nmtkit.cli.app import PipeClosed, app, state
 from nmtkit.console import stderr_console
 from nmtkit.errors import UserError
@@ -35,6 +36,15 @@ _err = stderr_console()  # no markup, no emoji: `train.de:100:` must not print a
 def error_line(message: str) -> None:
     """Print one red `nmtkit: error: ...` line on stderr."""
     _err.print(f"nmtkit: error: {message}", style="bold red")
+
+
+def _fairseq_hint(e: Exception, ctx) -> str | None:
+    """`FLAG: the nmtkit way` when click's "No such option" is about one of fairseq's flags for
+    this command (nmtkit.cli.fairseq_flags), else None: the message stays click's."""
+    option = getattr(e, "option_name", None)
+    if type(e).__name__ != "NoSuchOption" or not option or ctx is None or ctx.parent is None:
+        return None
+    return fairseq_flags.hint(ctx.info_name, option)
 
 
 def _discard_stdout() -> None:
@@ -71,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
         if state["debug"]:
             raise
         ctx = getattr(e, "ctx", None)
+        hint = _fairseq_hint(e, ctx)
+        if hint is not None:  # `generate --remove-bpe`: say what nmtkit does instead
+            error_line(hint)
+            sys.exit(2)
         where = f" (see 'nmtkit {ctx.info_name} --help')" if ctx is not None and ctx.parent else ""
         error_line(e.format_message().replace("\n", " ") + where)
         sys.exit(2)
