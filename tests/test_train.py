@@ -176,6 +176,22 @@ def test_out_of_memory_batch_is_skipped(data_dir, tmp_path, monkeypatch):
     assert skip[0]["reason"] == "oom" and "x" in skip[0]["batches"]
 
 
+def test_out_of_memory_on_every_batch_stops_with_one_line(data_dir, tmp_path, monkeypatch):
+    """One process skips a batch that runs out of memory; when no batch of an epoch fits, the run
+    stops (it would otherwise begin epoch after epoch) with one line, checkpoint_last.pt untouched."""
+    from nmtkit.models.transformer import Transformer
+
+    def forward(self, *a):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 90.00 GiB (simulated)")
+
+    monkeypatch.setattr(Transformer, "forward", forward)
+    with pytest.raises(UserError, match=r"^out of memory on every batch of epoch 1 \((\d+) skipped, no update made\); "
+                                        r"lower --max-tokens \(checkpoint_last.pt was left as it was\)$"):
+        T.train(config(data_dir, tmp_path / "o", max_update=3, no_validate=True))
+    end = [r for r in read_log(tmp_path / "o" / "train_log.jsonl") if r["type"] == "end"]
+    assert end[-1]["reason"] == "failed" and not (tmp_path / "o" / "checkpoint_last.pt").exists()
+
+
 def test_sigterm_saves_and_resume_finishes(data_dir, tmp_path, monkeypatch):
     real_step = T.Trainer._train_step
 

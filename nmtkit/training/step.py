@@ -96,8 +96,9 @@ class UpdateStep:
 
     def __call__(self, batches: list, update: int, flags: LoopFlags) -> StepResult:
         """Update number `update` (1-based) over this rank's micro-batches (collated Batch objects)."""
+        # on the device when summed over processes: NCCL reduces CUDA tensors only
         head = torch.tensor([sum(b.ntokens for b in batches), sum(b.nsentences for b in batches),
-                             *flags.as_floats()], dtype=torch.float64)
+                             *flags.as_floats()], dtype=torch.float64, device=self.device if self.info.enabled else None)
         D.all_reduce_sum(head, self.info)
         out = StepResult(applied=False, ntokens=int(head[0]), nsentences=int(head[1]),
                          lr=self.objs.schedule.lr(update), flags=LoopFlags.from_sums(head[2:].tolist()))

@@ -14,6 +14,8 @@ The moments, in the order the loop reaches them:
               right after a validation), max_update, signal, max_time;
   "epoch_end" after the epoch's validation and checkpoint: max_update, max_epoch, patience,
               signal, max_time.
+Before an epoch's end, `check_epoch_progress` stops a run whose every batch ran out of memory
+(one process skips such batches one by one; without this rule it would start epoch after epoch).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ class LoopFlags:
     @classmethod
     def from_sums(cls, sums: list[float]) -> "LoopFlags":
         return cls(*(bool(x > 0) for x in sums))
+
+
+def check_epoch_progress(epoch: int, updates: int, oom_skips: int) -> None:
+    """TrainingStopped when epoch `epoch` made no update and skipped `oom_skips` > 0 batches for
+    lack of memory: every later epoch would do the same."""
+    if updates == 0 and oom_skips > 0:
+        raise TrainingStopped(f"out of memory on every batch of epoch {epoch} ({oom_skips} skipped, no update made); "
+                              "lower --max-tokens")
 
 
 def stop_reason(cfg: TrainConfig, st, flags: LoopFlags, at: str, *, validated: bool = False,

@@ -50,7 +50,7 @@ from nmtkit.training.start import find_start
 from nmtkit.training.state import LoopState, TrainState
 from nmtkit.training.step import MIN_LOSS_SCALE, StepResult, TrainingObjects, UpdateStep, autocast
 from nmtkit.training.step import total_norm as _total_norm  # noqa: F401 - used by recipes/bench/train_profile.py
-from nmtkit.training.stopping import TrainingStopped, stop_reason
+from nmtkit.training.stopping import TrainingStopped, check_epoch_progress, stop_reason
 from nmtkit.training.validation import Validator
 
 __all__ = ["LAST", "BEST", "MIN_LOSS_SCALE", "TrainState", "TrainingStopped", "TrainResult", "Trainer", "train",
@@ -502,6 +502,7 @@ class Trainer:
         self._check_first_epoch()
         while True:
             batches = self.train_batches.batches(st.epoch)
+            updates, ooms = st.update, st.oom_skips
             for group, collated in self._groups(batches, st.batch_offset):
                 out = self._train_step(collated)
                 st.batch_offset += len(group)
@@ -515,6 +516,7 @@ class Trainer:
                 reason = self._after_update(out)
                 if reason:
                     return reason
+            check_epoch_progress(st.epoch, st.update - updates, st.oom_skips - ooms)
             reason = self._end_epoch()  # also when a resumed position was already past the end
             if reason:
                 return reason
