@@ -472,10 +472,11 @@ def test_export_refusals(wm, tmp_path, run_cli, monkeypatch):
         assert r.code == 2 and message in r.err and "Traceback" not in r.err, r
         assert not out.exists()
     # the runtime is missing: one line saying how to install it
+    exported = export_dir(wm, "post")  # made while the runtime is there (this test may run alone)
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
     r = run_cli("export", data, "--path", ckpt, "--output", out)
     assert r.code == 2 and "pip install 'nmtkit[ctranslate2]'" in r.err and len(r.err.strip().splitlines()) == 1
-    r = run_cli("generate", "--path", export_dir(wm, "post"), "--input", tmp_path / "x", "--lenpen-form", "fairseq")
+    r = run_cli("generate", "--path", exported, "--input", tmp_path / "x", "--lenpen-form", "fairseq")
     assert r.code == 2 and "pip install 'nmtkit[ctranslate2]'" in r.err
     monkeypatch.undo()
     # an existing --output: refused without --force; --force replaces only an earlier export
@@ -511,12 +512,13 @@ def test_generate_refuses_what_ctranslate2_cannot_honour(wm, tmp_path, run_cli, 
     assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1, r
 
 
-def test_an_export_defaults_to_its_runtimes_rules(wm, tmp_path, run_cli):
+def test_an_export_defaults_to_its_runtimes_rules(wm, tmp_path, run_cli, capsys):
     """No decoding flag needed: an export decodes with fairseq's length penalty and stopping rule,
     said once in a note; the same output as with those flags given, and the API's defaults too."""
     from nmtkit import Translator
 
     out = export_dir(wm, "post")
+    capsys.readouterr()  # the export's own line, when this test made it
     f = tmp_path / "in.de"
     f.write_text("\n".join(sentences(30, 5)) + "\n", encoding="utf-8")
     r = run_cli("generate", "--path", out, "--input", f, "-q")

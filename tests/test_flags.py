@@ -128,6 +128,7 @@ EXPECTED = {
         "--topk": (0, None),
         "--topp": (0.0, None),
         "--temperature": (1.0, None),
+        "--decoding": (None, None),  # not given: the --lenpen-form and --early-stop defaults
         "--max-tokens": (None, None),
         "--batch-size": (None, None),
         "--buffer-size": (None, None),  # not given: 10000, or 1 when --input - is a terminal
@@ -160,6 +161,7 @@ EXPECTED = {
         "--topk": (0, None),
         "--topp": (0.0, None),
         "--temperature": (1.0, None),
+        "--decoding": (None, None),
         "--host": ('127.0.0.1', 'Server'),
         "--port": (8000, 'Server'),
         "--max-batch-sentences": (64, 'Batching'),
@@ -353,6 +355,25 @@ def test_train_config_from_flags_equals_the_library_defaults():
     assert cfg.with_arch_overrides({"d_model": 256, "heads": None}).arch_overrides == {"d_model": 256, "warmup_steps": 16000}
     with pytest.raises(UserError, match="--adam-betas expects two numbers"):
         cli_values_to_config(TrainConfig, _cli_defaults(TrainConfig, data_dir="d", save_dir="s", adam_betas="0.9"))
+
+
+def test_decoding_presets_set_the_penalty_and_stopping_rule_unless_given(monkeypatch):
+    import nmtkit.generation.model_flags as G
+
+    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 50)
+
+    def search(**given):
+        return cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="d", paths=["a"],
+                                                                   **given)).search
+
+    assert (search().lenpen_form, search().early_stop) == ("gnmt", "bound")  # the paper's
+    assert search(decoding="fairseq") == SearchConfig(lenpen_form="fairseq", early_stop="beam")
+    assert search(decoding="paper") == SearchConfig(lenpen_form="gnmt", early_stop="bound")
+    # a flag given beside the preset wins
+    assert search(decoding="fairseq", early_stop="none") == SearchConfig(lenpen_form="fairseq", early_stop="none")
+    assert search(decoding="fairseq", lenpen_form="gnmt") == SearchConfig(lenpen_form="gnmt", early_stop="beam")
+    serve = cli_values_to_config(ServeOptions, _cli_defaults(ServeOptions, data_dir="d", paths=["a"], decoding="fairseq"))
+    assert (serve.search.lenpen_form, serve.search.early_stop) == ("fairseq", "beam")
 
 
 def test_generate_options_from_flags(monkeypatch):

@@ -193,6 +193,7 @@ EXPORT = "{e}"  # replaced by the export directory
     ({"max_tokens": 0}, "--max-tokens must be >= 1, got 0"),
     ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
     ({"buffer_size": 0}, "--buffer-size must be >= 1, got 0"),
+    ({"decoding": "marian"}, "--decoding must be one of paper, fairseq, got 'marian'"),
     ({"print_alignment": "chars"}, "--print-alignment must be subword (the default when given alone) or words, got 'chars'"),
     ({"alignment_layer": 1}, "--alignment-layer applies to --print-alignment"),
     ({"alignment_layer": 0, "print_alignment": "subword"}, "--alignment-layer is 1-based (1 = the lowest decoder layer), got 0"),

@@ -70,6 +70,8 @@ class GenerateOptions:
     score_reference: bool = setting(False, flag="--score-reference", help="Score given translations instead of searching: the split's target side, or --reference with --input. plain format: SCORE, LOGPROB, TOKENS per line.")
     reference: str | None = setting(None, flag="--reference", help="With --score-reference and --input: the raw translations to score, one per line of --input (FILE or FILE.gz).")
     search: SearchConfig = group(SearchConfig)
+    # resolved by from_flags into --lenpen-form and --early-stop (model_flags.search_flag_defaults)
+    decoding: str | None = setting(None, flag="--decoding", show_default=False, help="The length penalty and stopping rule in one word: paper (--lenpen-form gnmt --early-stop bound: the paper's, exact) or fairseq (--lenpen-form fairseq --early-stop beam: fairseq's, longer outputs from weak models); a flag given beside it wins [default: paper; fairseq on a CTranslate2 export].")
     max_tokens: int | None = setting(None, flag="--max-tokens", help="Batch limit in padded source tokens.")
     batch_size: int | None = setting(None, flag="--batch-size", help="Batch limit in sentences [default: 128 unless --max-tokens].")
     # not given on the command line: 1 when --input - is a terminal (from_flags)

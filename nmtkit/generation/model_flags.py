@@ -22,7 +22,7 @@ from nmtkit.backends.registry import (
     find_export,
 )
 from nmtkit.errors import UserError
-from nmtkit.search.config import default_search
+from nmtkit.search.config import DECODING_PRESETS, default_search
 
 
 def default_max_len_b(data_dir: str) -> int:
@@ -37,10 +37,13 @@ def search_flag_defaults(values: dict) -> tuple[dict, str | None]:
     """The search flags with the defaults that depend on the model, and a note saying which
     engine defaults were chosen (None: none). A --max-len-b not given depends on the data
     directory (50, or 300 for a parsing data directory: `default_max_len_b`); --lenpen-form and
-    --early-stop not given are the engine's (the paper's gnmt and bound; fairseq's and beam on a
-    CTranslate2 export). `values` holds the command's flag values: `search`, `paths` and
-    `data_dir` (generate, serve)."""
+    --early-stop not given are --decoding's, else the engine's (the paper's gnmt and bound;
+    fairseq's and beam on a CTranslate2 export). `values` holds the command's flag values:
+    `search`, `paths`, `data_dir` and `decoding` (generate, serve)."""
     flags = dict(values["search"])
+    for name, value in DECODING_PRESETS.get(values.get("decoding"), {}).items():
+        if flags.get(name) is None:  # a flag given beside --decoding wins
+            flags[name] = value
     found = find_export(values["paths"] or ())
     if flags["max_len_b"] is None:
         if found is not None:
@@ -84,6 +87,8 @@ def check_model_options(opts) -> str | None:
     (`check_combination`), --precision, --threads and --quantize. Returns the export directory
     among --path, or None."""
     s = opts.search
+    if opts.decoding is not None and opts.decoding not in DECODING_PRESETS:
+        raise UserError(f"--decoding must be one of {', '.join(DECODING_PRESETS)}, got {opts.decoding!r}")
     if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
         raise UserError("--topk, --topp and --temperature apply only with --sampling")
     fmt = check_combination(opts.paths, opts.data_dir, ema=opts.ema)

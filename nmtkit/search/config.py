@@ -23,6 +23,11 @@ LENPEN_FORMS = ("gnmt", "fairseq")
 # 4096^10 = 1.3e36; ^20 would be inf) and is far from any useful value (the paper: 0.6).
 LENPEN_LIMIT = 10.0
 EARLY_STOP = ("bound", "beam", "none")
+# --decoding: the length penalty and stopping rule in one word (docs/generate.md, "Decoding rules")
+DECODING_PRESETS = {
+    "paper": {"lenpen_form": "gnmt", "early_stop": "bound"},  # the paper's GNMT penalty, exact stopping
+    "fairseq": {"lenpen_form": "fairseq", "early_stop": "beam"},  # fairseq's and CTranslate2's rules
+}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ class ServeOptions:
     paths: list[str] = same_setting(GenerateOptions, "paths")
     data_dir: str | None = same_setting(GenerateOptions, "data_dir")
     search: SearchConfig = group(SearchConfig)
+    decoding: str | None = same_setting(GenerateOptions, "decoding")
     host: str = setting("127.0.0.1", flag="--host", panel=SERVER, help="Address to listen on (0.0.0.0: every interface).")
     port: int = setting(8000, flag="--port", panel=SERVER, help="TCP port (0: any free port; the log says which).")
     max_batch_sentences: int = setting(64, flag="--max-batch-sentences", panel=BATCHING, help="Sentences searched together at most (from one or several requests).")

@@ -57,7 +57,7 @@ from nmtkit.backends.ctranslate2.convert import import_ctranslate2
 from nmtkit.backends.engine import PRECISION_NAMES, Engine, RuntimeOptions
 from nmtkit.device import parse_device
 from nmtkit.errors import UserError
-from nmtkit.search.config import Hypothesis, SearchConfig, length_penalty
+from nmtkit.search.config import DECODING_PRESETS, Hypothesis, SearchConfig, length_penalty
 
 # CTranslate2's length penalty for `--lenpen 0` in beam search: pow(|Y|, 1e-30) is exactly 1.0 in
 # float32, so scores are unchanged, and a non-zero penalty turns off CTranslate2's early exit
@@ -121,7 +121,7 @@ class CTranslate2Engine(Engine):
 
     name = "ctranslate2"
     display = "CTranslate2"
-    search_defaults = {"lenpen_form": "fairseq", "early_stop": "beam"}
+    search_defaults = DECODING_PRESETS["fairseq"]
 
     def __init__(self, runtime, *, info: dict, src_dict, tgt_dict, device: str, compute_type: str):
         from nmtkit.models.registry import ArchConfig
