@@ -36,6 +36,7 @@ def average_checkpoints_cmd(
 ) -> None:
     """Average model weights element-wise into one inference checkpoint (no optimizer state)."""
     from nmtkit import checkpoints as ck
+    from nmtkit.outputs import check_output_file
 
     if files and inputs is not None:
         raise UserError("give checkpoint files or --inputs DIR, not both")
@@ -56,6 +57,9 @@ def average_checkpoints_cmd(
     if output.is_dir():
         raise UserError(f"--output {output} is a directory; give a file name")
     ck.check_output_not_training(output)
+    # nor a file of a data or export directory, nor another program's PyTorch checkpoint; an earlier
+    # average (an nmtkit inference checkpoint) is replaced
+    check_output_file(output, "--output", replace_nmtkit_checkpoint=True)
 
     with stderr_console().status(plain_text(f"averaging {len(paths)} checkpoint(s)")):
         state = ck.average_checkpoints(paths)

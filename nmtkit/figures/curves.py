@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nmtkit.errors import UserError
 from nmtkit.io import atomic_write
+from nmtkit.outputs import check_output_file
 from nmtkit.training.report import read_log
 
 LOG_NAME = "train_log.jsonl"
@@ -25,12 +26,21 @@ def _num(v) -> float:
         return float("nan")
 
 
-def plot_training(save_dir: str | os.PathLike, output: str | os.PathLike | None = None) -> Path:
-    """Write the curves of SAVE_DIR's train log to `output` (default SAVE_DIR/train_curves.png)."""
-    save_dir = Path(save_dir)
+def log_and_output(save_dir: Path, output: str | os.PathLike | None) -> tuple[Path, Path]:
+    """(the train log, the PNG to write), checked: the output is never the log itself, a
+    checkpoint (the save dir holds them), a directory or a data or export directory's file."""
     log = save_dir / LOG_NAME if save_dir.is_dir() else save_dir
     if not log.is_file():
         raise UserError(f"no training log: {log} not found (is {save_dir} an 'nmtkit train --save-dir'?)")
+    out = Path(output) if output else (log.parent / "train_curves.png")
+    check_output_file(out, "--output", [("the training log", log)])
+    return log, out
+
+
+def plot_training(save_dir: str | os.PathLike, output: str | os.PathLike | None = None) -> Path:
+    """Write the curves of SAVE_DIR's train log to `output` (default SAVE_DIR/train_curves.png)."""
+    save_dir = Path(save_dir)
+    log, out = log_and_output(save_dir, output)
     try:
         import matplotlib
 
@@ -43,7 +53,6 @@ def plot_training(save_dir: str | os.PathLike, output: str | os.PathLike | None 
     valid = [r for r in recs if r.get("type") == "valid"]
     if not train and not valid:
         raise UserError(f"{log}: no train or valid records to plot yet")
-    out = Path(output) if output else (log.parent / "train_curves.png")
 
     def series(rs, key):
         return [r["update"] for r in rs], [_num(r.get(key)) for r in rs]

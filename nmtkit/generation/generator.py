@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -513,17 +512,12 @@ def reference_items(tr: Translator, source: str, reference: str, trunc: Truncati
 
 
 def _check_output_path(opts: GenerateOptions) -> None:
-    """Refuse an --output that would overwrite the input text or a checkpoint being used."""
-    if opts.output is None or opts.output == "-":
-        return
-    out = Path(opts.output)
-    if out.is_dir():
-        raise UserError(f"--output {out} is a directory; give a file name")
-    if not out.exists():
-        return
-    for flag, p in [("--input", opts.input), ("--reference", opts.reference)] + [("--path", q) for q in opts.paths]:
-        if p is not None and p != "-" and Path(p).exists() and os.path.samefile(out, p):
-            raise UserError(f"--output {out} is the same file as {flag} {p}; choose another output")
+    """Refuse an --output that is a directory, the input text, the reference, a checkpoint being
+    used or any other checkpoint, or a file of a data or export directory (`nmtkit.outputs`)."""
+    from nmtkit.outputs import check_output_file
+
+    inputs = [("--input", opts.input), ("--reference", opts.reference)] + [("--path", q) for q in opts.paths]
+    check_output_file(opts.output, "--output", inputs)
 
 
 def _count_lines(path: str) -> int | None:

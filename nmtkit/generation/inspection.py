@@ -168,6 +168,25 @@ class AttentionOptions:
     def output_path(self) -> Path:
         return Path(self.output if self.output else f"attention.{self.format}")
 
+    def sentence_count(self) -> int:
+        return len(self.sources) if self.gen_subset is None else len(self.indices)
+
+    def output_paths(self) -> list[Path]:
+        """Every file the run writes: one JSON or NPZ file, or one PNG per sentence (-1, -2, ...
+        before the suffix when there are several)."""
+        out = self.output_path()
+        n = self.sentence_count()
+        if self.format != "png" or n == 1:
+            return [out]
+        return [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}") for i in range(n)]
+
+    def check_outputs(self) -> None:
+        """Refuse, before the model is loaded, an output that is a directory, the checkpoint, any
+        other checkpoint or a file of a data or export directory (`nmtkit.outputs`)."""
+        from nmtkit.outputs import check_output_files
+
+        check_output_files(self.output_paths(), "--output", [("--path", self.path)])
+
 
 @dataclass
 class Selected:
@@ -250,6 +269,7 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
         from nmtkit.figures.attention import import_pyplot
 
         import_pyplot()
+    opts.check_outputs()
     found = find_export([opts.path])
     if found is not None:  # the pictures read the model's own attention weights
         engine_class(found[1]).require_teacher_forcing(f"--path {opts.path}: attention")
@@ -272,8 +292,7 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
         return [_write_npz(out, meta, sentences)]
     from nmtkit.figures.attention import draw_heads, draw_lines
 
-    paths = [out] if len(sentences) == 1 else [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}")
-                                               for i in range(len(sentences))]
+    paths = opts.output_paths()
     row_axis, col_axis = AXES[opts.kind]
     for s, p in zip(sentences, paths):
         title = figure_title(opts.kind, layer, n_layers, opts.level, s.attention)

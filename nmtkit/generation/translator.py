@@ -58,6 +58,21 @@ def _paths(path) -> list[str]:
     return paths
 
 
+def check_text(text: str, where: str) -> None:
+    """UserError naming `where` unless `text` is valid Unicode text (encodable as UTF-8).
+
+    A command-line argument with bytes that are not UTF-8 reaches Python with each bad byte as a
+    lone surrogate (U+DC80..U+DCFF, `surrogateescape`); a Python caller can pass any lone
+    surrogate ("\\ud800"). Neither can be segmented, so either is named here, before segmentation.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        what = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
+        raise UserError(f"{where}: not valid UTF-8 text ({what} at column {e.start + 1})") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # the translator
 
@@ -209,8 +224,10 @@ class Translator:
         return Truncations(self.warn, where, what, self.max_source_tokens)
 
     def items(self, lines: Iterable[str], trunc: Truncations) -> Iterator[Item]:
-        """Items of raw sentences (lazily, for streaming): subword-encoded, mapped to ids, truncated."""
+        """Items of raw sentences (lazily, for streaming): subword-encoded, mapped to ids, truncated.
+        A sentence that is not text (`check_text`) is a UserError naming it by `trunc.where`."""
         for i, line in enumerate(lines):
+            check_text(line, trunc.where(i))
             if line.strip():
                 ids = self.src_dict.encode(self.src_subword.encode(line))
             else:
@@ -301,8 +318,10 @@ class Translator:
     def target_ids(self, text: str, where: str) -> np.ndarray:
         """Target dictionary ids of one raw target sentence (segmented with the target subword
         model). UserError naming `where` for a piece outside the dictionary (its score would be
-        that of <unk>: nothing to learn from) or a target longer than the model accepts. An empty
-        target is the empty translation (</s> alone), which the search may output too."""
+        that of <unk>: nothing to learn from), a target that is not text (`check_text`) or a target
+        longer than the model accepts. An empty target is the empty translation (</s> alone),
+        which the search may output too."""
+        check_text(text, where)
         pieces = self.tgt_subword.encode(text)
         ids = self.tgt_dict.encode(pieces)
         unknown = [p for p, i in zip(pieces, ids) if i == self.tgt_dict.unk]
