@@ -86,11 +86,11 @@ def test_wrong_layout_is_one_line_naming_the_key(setup, run_cli, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _never_build_a_huge_model(monkeypatch):
-    """A model of the crafted configs below would take 2 x 64 GB: fail the test instead of building it."""
+    """A model of the crafted configs below would take gigabytes: fail the test instead of building it."""
     real_build = loading.build_model
 
     def build_model(cfg, *a, **k):
-        assert cfg.d_ff < 10**6, "the model was built before its weights were checked against the config"
+        assert cfg.d_ff < 65536, "the model was built before its weights were checked against the config"
         return real_build(cfg, *a, **k)
 
     monkeypatch.setattr(loading, "build_model", build_model)
@@ -98,10 +98,15 @@ def _never_build_a_huge_model(monkeypatch):
 
 def test_a_huge_d_ff_is_refused_before_the_model_is_built(setup, run_cli, tmp_path):
     data, _, state = setup
+    # over the registry's limit: refused as a config; within it: refused against the stored tensors
     p = crafted(tmp_path, {**state, "arch_config": {**state["arch_config"], "d_ff": 10**9}})
     line = one_line(run_cli("generate", data, "--path", p, *COMMON))
+    assert line == (f"nmtkit: error: --path {p}: invalid architecture config in the checkpoint: "
+                    "--d-ff must be at most 65536, got 1000000000"), line
+    p = crafted(tmp_path, {**state, "arch_config": {**state["arch_config"], "d_ff": 65536}})
+    line = one_line(run_cli("generate", data, "--path", p, *COMMON))
     assert line == (f"nmtkit: error: --path {p}: weights do not fit its own architecture config: "
-                    "encoder_layers.0.ffn.fc1.weight has shape (32, 16) where the config needs (1000000000, 16)"), line
+                    "encoder_layers.0.ffn.fc1.weight has shape (32, 16) where the config needs (65536, 16)"), line
 
 
 def test_tensors_that_claim_more_than_they_store_are_refused(setup, run_cli, tmp_path):
@@ -128,8 +133,8 @@ def test_weights_that_do_not_fit_the_config(setup, run_cli, tmp_path):
          "missing decoder_layers.1.self_attn"),
         ({**state["model"], "encoder_layers.0.ffn.fc1.bias": torch.zeros(32, dtype=torch.int64)}, {},
          "encoder_layers.0.ffn.fc1.bias is torch.int64 where the model has torch.float32"),
-        (state["model"], {"encoder_layers": 10**6},
-         f"it asks for {10**6 + 1} layers but only {len(state['model'])} tensors are stored"),
+        (state["model"], {"encoder_layers": 1000},
+         f"it asks for {1000 + 1} layers but only {len(state['model'])} tensors are stored"),
     ]
     for weights, cfg_change, message in cases:
         p = crafted(tmp_path, {**state, "model": weights, "arch_config": {**state["arch_config"], **cfg_change}})

@@ -623,3 +623,130 @@ def test_export_is_atomic_and_force_replaces(wm, tmp_path, run_cli, monkeypatch)
     assert not (out / "marker").exists()
     assert json.loads((out / "nmtkit.json").read_text())["checkpoint"]["file"] == str(wm["pre"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+# ------------------------------------------------------------------------ what a killed export leaves
+
+
+def _tiny_checkpoint(root: Path) -> tuple[Path, Path]:
+    """A data dir (whitespace tokens) and an untrained tiny checkpoint of it: exports in a second."""
+    from conftest import word_mapping_data_dir
+
+    from nmtkit.checkpoints import save_checkpoint
+    from nmtkit.data.manifest import load_dictionaries
+    from nmtkit.models import ArchConfig, Transformer
+
+    data = word_mapping_data_dir(root, 40, 4, 8, seed=2)
+    src, tgt = load_dictionaries(data)
+    cfg = ArchConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2)
+    ckpt = root / "tiny.pt"
+    save_checkpoint({"arch": "test", "arch_config": cfg.to_dict(), "model": Transformer(cfg, len(src), len(tgt)).state_dict(),
+                     "dictionaries": {"src_sha256": src.sha256, "tgt_sha256": tgt.sha256, "src_lang": "de",
+                                      "tgt_lang": "en"}, "update": 1, "epoch": 1}, ckpt)
+    return data, ckpt
+
+
+def _python(code: str, *args: str, **kw) -> subprocess.Popen:
+    env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+# an export that stays in the middle of writing its directory until its stdin closes
+LIVE = """
+import sys
+from nmtkit.backends.directory import atomic_directory
+with atomic_directory(sys.argv[1]) as tmp:
+    (tmp / "model.bin").write_bytes(b"partial")
+    print(tmp.name, flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_the_next_export_removes_what_a_killed_one_left(tmp_path, run_cli):
+    """A killed export leaves its hidden working folder (and, killed between the two renames of
+    --force, the earlier export moved aside); the next export into the same folder removes the
+    first and puts the second back, and keeps the folders of an export still running."""
+    import signal
+
+    data, ckpt = _tiny_checkpoint(tmp_path)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    # 1. an export killed (SIGKILL: no clean-up can run) while it copies the data files
+    killed = _python("import os, signal, sys\nimport nmtkit.backends.export as E\n"
+                     "E.shutil.copy2 = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+                     "from nmtkit.cli import main\nmain(sys.argv[1:])",
+                     "export", str(data), "--path", str(ckpt), "--output", str(exports / "m"))
+    killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = exports.iterdir()
+    assert left.name.startswith(".m.nmtkit-export-") and left.name.endswith(".tmp") and (left / "model.bin").is_file()
+    # 2. a --force replacement of `old` killed between its two renames: only the moved-aside copy is left
+    moved = exports / ".old.nmtkit-export-abcd1234.old"
+    shutil.copytree(export_dir_of(run_cli, data, ckpt, tmp_path / "first"), moved / "old")
+    (exports / ".old.nmtkit-export-efgh5678.tmp").mkdir()  # its new directory, unfinished
+    # 3. an export still running into the same folder, and folders that are not an export's
+    live = _python(LIVE, str(exports / "live"))
+    live_tmp = exports / live.stdout.readline().strip()
+    assert live_tmp.is_dir() and live_tmp.name.startswith(".live.nmtkit-export-")
+    foreign = [exports / ".m.abcdefgh.tmp", exports / ".notes", exports / ".x.nmtkit-export-short.tmp"]
+    for p in foreign:
+        p.mkdir()
+    try:
+        r = run_cli("export", data, "--path", ckpt, "--output", exports / "m")
+        assert r.code == 0, r
+        assert f"removed {left}, left by an interrupted 'nmtkit export'" in r.out.splitlines()
+        assert (f"restored {exports / 'old'} from {moved.name}, where an interrupted 'nmtkit export --force' "
+                "had moved it") in r.out
+        assert json.loads((exports / "old" / "nmtkit.json").read_text())["checkpoint"]["file"] == str(ckpt)
+        assert sorted(p.name for p in exports.iterdir()) == sorted(
+            ["m", "old", live_tmp.name] + [p.name for p in foreign])
+        assert (live_tmp / "model.bin").read_bytes() == b"partial"  # a live export's folder is kept
+    finally:
+        live.communicate("", timeout=60)
+    assert live.returncode == 0 and (exports / "live" / "model.bin").is_file() and not live_tmp.exists()
+    # nothing left to clean: the next export says nothing about leftovers
+    r = run_cli("export", data, "--path", ckpt, "--output", exports / "m", "--force")
+    assert r.code == 0 and r.out.startswith("exported "), r
+    assert sorted(p.name for p in exports.iterdir()) == sorted(["m", "old", "live"] + [p.name for p in foreign])
+
+
+def export_dir_of(run_cli, data: Path, ckpt: Path, out: Path) -> Path:
+    r = run_cli("export", data, "--path", ckpt, "--output", out)
+    assert r.code == 0, r
+    return out
+
+
+def test_leftovers_of_a_live_export_are_kept_in_its_own_process_too(tmp_path):
+    from nmtkit.backends.directory import atomic_directory, remove_leftovers
+
+    out = tmp_path / "m"
+    dead = tmp_path / ".m.nmtkit-export-00000000.old"
+    dead.mkdir()
+    with atomic_directory(out) as tmp:
+        (tmp / "model.bin").write_bytes(b"x")
+        assert remove_leftovers(out) == [f"removed {dead}, left by an interrupted 'nmtkit export'"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [tmp.name]
+        (out).mkdir()  # an earlier export, replaced at the end of the block
+        (out / "old.bin").write_bytes(b"y")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and sorted(p.name for p in out.iterdir()) == ["model.bin"]
+    assert remove_leftovers(out) == []
+
+
+def test_a_failed_rename_puts_the_earlier_export_back(tmp_path, monkeypatch):
+    from nmtkit.backends import directory as D
+
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "nmtkit.json").write_text("{}")
+    real = D.os.replace
+
+    def replace(a, b):
+        if Path(b) == out and ".tmp" in Path(a).name:
+            raise OSError("rename failed")
+        return real(a, b)
+
+    monkeypatch.setattr(D.os, "replace", replace)
+    with pytest.raises(OSError, match="rename failed"), D.atomic_directory(out) as tmp:
+        (tmp / "model.bin").write_bytes(b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and (out / "nmtkit.json").read_text() == "{}"

@@ -1,8 +1,9 @@
 """What `nmtkit export` does: a checkpoint and its data directory -> a self-contained model directory.
 
 Steps, each refusing bad input before any work is written:
-1. the options (format, quantization), the runtime's presence, and the output (absent, or an
-   earlier export replaced with --force; never a folder holding an input);
+1. the options (format, quantization), the runtime's presence, the working folders that killed
+   exports left beside the output (removed, or an export moved aside put back), and the output
+   (absent, or an earlier export replaced with --force; never a folder holding an input);
 2. the data directory's manifest and dictionaries, and the checkpoint through the one loader
    (`nmtkit.models.loading.load_models`: dictionary and language checks, `--ema` weights);
 3. the format's conversion (`nmtkit.backends.FORMAT.convert`: `prepare`, then `write`),
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,13 +57,16 @@ class ExportResult:
     info: dict  # what nmtkit.json holds
     bytes: int  # size of the directory
     seconds: float
+    cleaned: list[str] = field(default_factory=list)  # what was done with killed exports' leftovers
 
     def line(self) -> str:
+        """What the command prints: the export, after a line for each leftover removed or put back."""
         cfg = self.info["arch_config"]
-        return (f"exported {self.info['checkpoint']['file']} ({self.info['arch']}, {cfg['encoder_layers']}+"
+        done = (f"exported {self.info['checkpoint']['file']} ({self.info['arch']}, {cfg['encoder_layers']}+"
                 f"{cfg['decoder_layers']} layers, d_model {cfg['d_model']}) as {self.info['runtime']['name']} "
                 f"{self.info['runtime']['quantization']} -> {self.output} ({self.bytes / 2**20:.1f} MiB, "
                 f"{self.seconds:.1f}s)")
+        return "\n".join([*self.cleaned, done])
 
 
 def sha256_of(path: str | Path) -> str:
@@ -77,7 +81,7 @@ def _checkpoint_meta(path: str) -> dict:
     """What nmtkit.json records of the source checkpoint besides its weights."""
     from nmtkit.checkpoints import load_checkpoint
 
-    state = load_checkpoint(path)
+    state = load_checkpoint(path, mmap=True)  # the metadata only: no tensor is read
     meta = {k: state.get(k) for k in ("arch", "update", "epoch", "averaged_from", "data_manifest_id")}
     return {"file": str(path), "sha256": sha256_of(path), **meta}
 
@@ -112,7 +116,7 @@ def _description(opts: ExportOptions, runtime: dict, files: list[str], cfg, meta
 
 def export(opts: ExportOptions, status=None) -> ExportResult:
     """Run the export; `status(msg)` (optional) is told what is happening (a spinner's text)."""
-    from nmtkit.backends.directory import atomic_directory, check_output, data_files, write_info
+    from nmtkit.backends.directory import atomic_directory, check_output, data_files, remove_leftovers, write_info
     from nmtkit.data.manifest import load_dictionaries, load_manifest, verify_files
     from nmtkit.models.loading import load_models
 
@@ -121,6 +125,7 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
     opts.validate()
     convert = format_module(opts.format, "convert")
     convert.import_runtime()
+    cleaned = remove_leftovers(opts.output)  # first: an export put back occupies --output again
     out = check_output(opts.output, opts.force, [("DATA_DIR", opts.data_dir), ("--path", opts.path)])
 
     say("loading the data directory and the checkpoint")
@@ -147,4 +152,4 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
         info = _description(opts, runtime, runtime_files, cfg, meta, manifest, names)
         write_info(tmp, info)
         size = sum(p.stat().st_size for p in tmp.iterdir())
-    return ExportResult(out, {"format": "nmtkit-export", **info}, size, time.perf_counter() - t0)
+    return ExportResult(out, {"format": "nmtkit-export", **info}, size, time.perf_counter() - t0, cleaned)

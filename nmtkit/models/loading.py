@@ -4,8 +4,9 @@ and everything after load through `load_models`.
 
 Why one place: every consumer (training, generation, export, serving, inspection) must make the
 same compatibility checks (a checkpoint's dictionaries and languages against the data directory's,
-EMA weights present when asked for, weights that fit their own config, checked on the meta device
-before the model is built) and the same cast to a precision; the file reading itself is
+EMA weights present when asked for, a config within `nmtkit.models.registry.LIMITS`, weights that
+fit their own config, checked on the meta device before the model is built, and finite) and the
+same cast to a precision; the file reading itself is
 `nmtkit.checkpoints.load_checkpoint` (weights_only=True, and the checkpoint's layout checked).
 """
 
@@ -48,7 +49,9 @@ def check_weights(weights: dict, cfg: ArchConfig, src_vocab_size: int, tgt_vocab
     Why before: building a model allocates what its config asks for, so a crafted config (a huge
     d_ff next to small tensors) would take gigabytes before `load_state_dict` noticed the
     mismatch. The reference is the same model on the meta device, which allocates nothing; its
-    size is bounded first by the number of stored tensors (each layer stores several).
+    size is bounded first by the number of stored tensors (each layer stores several). What no
+    stored tensor backs (the sinusoid tables computed from max_*_positions x d_model, the number
+    of heads) was bounded before, by `ArchConfig.validate`'s limits (`arch_config_of`).
     `weights` has passed `nmtkit.checkpoints.check_structure` (a dict of tensors).
     """
     bad = f"{where}: weights do not fit its own architecture config"
@@ -101,7 +104,8 @@ def load_models(
     `paths`: one checkpoint or several (an ensemble); `dtype`: a torch dtype or a precision name
     ("fp32", "bf16", "fp16"); `langs`: the data directory's (source, target) languages, which
     tell a de->en model from an en->de one when the dictionary is joined (same file both ways).
-    Every refusal is a `UserError` of one line naming the checkpoint (as `--path P`).
+    Every refusal is a `UserError` of one line naming the checkpoint (as `--path P`), among them
+    a config over the registry's limits and weights holding NaN or infinite values.
 
     `quantize="int8"` (CPU, fp32 only) and `prepack=True` (CPU, fp32) replace the linear layers by
     the inference-only kernels of `nmtkit.models.quantize` (int8, or oneDNN with prepacked fp32
@@ -153,7 +157,11 @@ def _linear_kernel(quantize: str | None, prepack: bool, device: torch.device, dt
 def _load_one(p: str, src_dict, tgt_dict, expected: dict, ema: bool) -> tuple[Transformer, ArchConfig]:
     """The Transformer of checkpoint `p` and its config, after every check against the data
     directory and its own config; its tensors are still the file's (mapped, in its dtype)."""
-    from nmtkit.checkpoints import check_same_dictionaries, load_checkpoint
+    from nmtkit.checkpoints import (
+        check_finite,
+        check_same_dictionaries,
+        load_checkpoint,
+    )
 
     # mapped, not read: a training checkpoint's optimizer state is never touched
     state = load_checkpoint(p, mmap=True)
@@ -163,6 +171,7 @@ def _load_one(p: str, src_dict, tgt_dict, expected: dict, ema: bool) -> tuple[Tr
     cfg = arch_config_of(state, f"--path {p}")
     weights = _weights_of(state, p, ema)
     check_weights(weights, cfg, len(src_dict), len(tgt_dict), f"--path {p}", pad_idx=src_dict.pad)
+    check_finite(weights, "ema" if ema else "model", f"--path {p}", "use an earlier checkpoint")
     try:
         # the checkpoint's own tensors become the parameters: no random init, no copy
         model = Transformer.from_state_dict(cfg, len(src_dict), len(tgt_dict), weights, pad_idx=src_dict.pad)

@@ -24,6 +24,33 @@ from nmtkit.settings import check_number
 
 SHARE_MODES = ("all", "decoder", "none")
 
+# ---- the largest values a config may hold ---------------------------------------------------------
+# Why: a config is also read from files anyone can write (a checkpoint's `arch_config`, an export's
+# nmtkit.json), and loading builds what it describes. The stored tensors are checked against the
+# config (`nmtkit.models.loading.check_weights`), which bounds every size they back; but the
+# sinusoid position tables are computed, not stored: without a limit, `max_source_positions = 2**22`
+# in a checkpoint of 0.3 MB takes 4.4 GB and 22 s to load. Each limit is far above every named
+# architecture (transformer_big: 6+6 layers, d_model 1024, d_ff 4096, 16 heads, 1024 positions;
+# transformer_base_h1_dk512: one head of 512); within them, what loading allocates besides the
+# file's own tensors stays small (a sinusoid table: 64 MiB at most). The same limits hold for the
+# flags of `nmtkit train`, so a model that trains also loads.
+MAX_LAYERS = 1024  # per stack: 170 times transformer_big's 6
+MAX_D_MODEL = 16384  # 16 times transformer_big's 1024
+MAX_D_FF = 65536  # 16 times transformer_big's 4096
+MAX_HEADS = 256  # 16 times transformer_big's 16 (no tensor backs them: attention scores grow with them)
+MAX_HEAD_DIM = 16384  # d_k, d_v: one head as wide as the widest model
+MAX_POSITIONS = 65536  # per side: 64 times the 1024 of every named architecture
+# values of one sinusoid table (max positions x d_model), computed at load: 64 MiB in float32 (256 MiB
+# while computed in float64), which transformer_big reaches with 16384 positions, 16 times its 1024;
+# learned tables are stored, so checked as tensors
+MAX_SINUSOID_VALUES = 2**24
+
+LIMITS: dict[str, int] = {
+    "encoder_layers": MAX_LAYERS, "decoder_layers": MAX_LAYERS, "d_model": MAX_D_MODEL, "d_ff": MAX_D_FF,
+    "heads": MAX_HEADS, "d_k": MAX_HEAD_DIM, "d_v": MAX_HEAD_DIM,
+    "max_source_positions": MAX_POSITIONS, "max_target_positions": MAX_POSITIONS,
+}
+
 # Help text for every field: used by `nmtkit archs NAME`, by the train CLI's override flags
 # (see `arch_field_specs`) and by docs/archs.md.
 FIELD_HELP: dict[str, str] = {
@@ -115,6 +142,7 @@ class ArchConfig:
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise UserError(f"{_flag(name)} must be a positive integer, got {v}")
+        self._check_limits()
         if (self.d_k is None or self.d_v is None) and self.d_model % self.heads != 0:
             raise UserError(
                 f"--d-model {self.d_model} is not divisible by --heads {self.heads} "
@@ -131,6 +159,20 @@ class ArchConfig:
                 f"--share-embeddings must be one of {', '.join(SHARE_MODES)}, got {self.share_embeddings!r}"
             )
         return self
+
+    def _check_limits(self) -> None:
+        """Refuse a value above its limit (`LIMITS`), and sinusoid tables over `MAX_SINUSOID_VALUES`."""
+        for name, most in LIMITS.items():
+            v = getattr(self, name)
+            if v is not None and v > most:
+                raise UserError(f"{_flag(name)} must be at most {most}, got {v}")
+        if not self.learned_pos:
+            for name in ("max_source_positions", "max_target_positions"):
+                if getattr(self, name) * self.d_model > MAX_SINUSOID_VALUES:
+                    raise UserError(
+                        f"{_flag(name)} {getattr(self, name)} x --d-model {self.d_model}: its sinusoid table "
+                        f"would hold more than {MAX_SINUSOID_VALUES} values (64 MiB); use fewer positions"
+                    )
 
     def replace(self, **overrides: Any) -> "ArchConfig":
         """A validated copy with some fields changed; unknown field names are a UserError."""
