@@ -426,3 +426,27 @@ def test_checkpoint_state_round_trip(data_dir, tmp_path):
     assert again["train"]["data_position"] == saved["train"]["data_position"]
     opt_a, opt_s = again["train"]["optimizer"]["state"], saved["train"]["optimizer"]["state"]
     assert all(torch.equal(opt_a[i][key], opt_s[i][key]) for i in opt_s for key in opt_s[i])
+
+
+def test_reset_flags_with_nothing_to_resume_say_so_once(data_dir, tmp_path, run_cli):
+    """--reset-* on a fresh run (or a fine-tuning start) has nothing to act on: one yellow line at
+    start, and the run goes on; a resumed run does not get that line."""
+    from nmtkit.training.start import find_start
+
+    save = tmp_path / "fresh"
+    r = run_cli("train", data_dir, "--arch", "transformer_tiny", "--save-dir", save, "--max-update", "1",
+                "--max-tokens", "256", "--threads", "1", "--no-progress-bar", "--no-validate",
+                "--reset-optimizer", "--reset-meters")
+    assert r.code == 0, r
+    line = (f"--reset-optimizer, --reset-meters: nothing to reset, {save} has no checkpoint (checkpoint_last.pt); "
+            "this run starts from scratch")
+    assert r.err.count("nothing to reset") == 1 and line in r.err.splitlines(), r.err
+    resumed = find_start(config(data_dir, save, reset_optimizer=True), save)
+    assert resumed.kind == "resume" and not any("nothing to reset" in n for n in resumed.notes)
+    tuned = find_start(config(data_dir, tmp_path / "ft", finetune_from_model=str(save / "checkpoint_last.pt"),
+                              reset_dataloader=True), tmp_path / "ft")
+    note = (f"--reset-dataloader: nothing to reset, {tmp_path / 'ft'} has no checkpoint (checkpoint_last.pt); "
+            f"fine-tuning from {save / 'checkpoint_last.pt'} starts with a fresh optimizer, schedule, data position "
+            "and meters anyway")
+    assert tuned.notes == [note]
+    assert not find_start(config(data_dir, tmp_path / "plain"), tmp_path / "plain").notes

@@ -65,6 +65,11 @@ def parse_max_time(text: str | None) -> float:
     return parse_duration(text) if text else 0.0
 
 
+def parse_ddp_timeout(text: str) -> float:
+    """--ddp-timeout: seconds (see parse_duration)."""
+    return parse_duration(text, "--ddp-timeout")
+
+
 
 # Help panels of `nmtkit train --help`.
 P_DATA = "Data and batching"
@@ -111,6 +116,8 @@ class TrainConfig:
     device: str = setting("auto", flag="--device", panel=P_DEV, help="auto (CUDA if available), cpu, cuda (this process's LOCAL_RANK under torchrun), cuda:N or mps.")
     threads: int | None = setting(None, flag="--threads", panel=P_DEV, show_default=False, help="CPU threads for torch [default: torch's choice].")
     seed: int = setting(1, flag="--seed", panel=P_DEV, help="Seed for initialization, dropout and batch shuffling.")
+    # seconds; torch's own default is 30 minutes of silence before anything is reported
+    ddp_timeout: float = setting(300.0, flag="--ddp-timeout", cli_type=str, cli_default="5m", parse=parse_ddp_timeout, panel=P_DEV, help="Several processes: how long a collective (an update's all-reduce, a checkpoint's barrier) waits for the other processes; then each waiting process stops with one line naming the collective and the ranks: 300, 90s, 5m.")
     # stopping
     max_update: int = setting(0, flag="--max-update", panel=P_STOP, help="Stop after this many updates; 0 = no limit.")
     max_epoch: int = setting(0, flag="--max-epoch", panel=P_STOP, help="Stop after this many epochs; 0 = no limit.")
@@ -206,10 +213,12 @@ class TrainConfig:
         self._require_non_negative("clip_norm")
 
     def _validate_device(self) -> None:
-        """A precision the trainer knows, and a thread count above 0 (or none: torch's choice)."""
+        """A precision the trainer knows, a thread count above 0 (or none: torch's choice) and a
+        --ddp-timeout above 0."""
         if self.precision not in PRECISIONS:
             raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         self._require_positive("threads", allow_none=True)
+        self._require_positive("ddp_timeout")
 
     def _validate_validation(self) -> None:
         """--eval-bleu's search, the metric that picks checkpoint_best.pt, the settings that need

@@ -18,6 +18,8 @@ says --finetune-from-model, so re-running the same command after a crash continu
 fine-tuning instead of starting it again. For the same reason a --reset-* flag is applied once:
 when checkpoint_last.pt was written by a run that already had the flag, it is not applied again
 (except --reset-dataloader when the data or batches really differ from the checkpoint's).
+A --reset-* flag without a checkpoint_last.pt to resume (a fresh or fine-tuning start) has
+nothing to act on: the run says so once at start and goes on.
 """
 
 from __future__ import annotations
@@ -174,6 +176,11 @@ def find_start(cfg: TrainConfig, save_dir: Path) -> Start:
         name, base = DEFAULT_ARCH, get_arch(DEFAULT_ARCH)
     start = Start(kind, path, state, name, apply_overrides(base, cfg.arch_overrides),
                   ckpt_update=None if state is None else state.get("update"))
+    given = [flag(r) for r in RESETS if getattr(cfg, r)]
+    if kind != "resume" and given:  # a --reset-* drops part of a resumed state: here there is none
+        then = (f"fine-tuning from {path} starts with a fresh optimizer, schedule, data position and meters anyway"
+                if kind == "finetune" else "this run starts from scratch")
+        start.notes.append(f"{', '.join(given)}: nothing to reset, {save_dir} has no checkpoint ({LAST}); {then}")
     if kind == "resume" and cfg.finetune_from_model:
         start.notes.append(f"--finetune-from-model {cfg.finetune_from_model} is not used: {save_dir} already holds "
                            f"{LAST}, whose run resumes (choose another --save-dir to start fine-tuning anew)")

@@ -12,6 +12,8 @@ and stopping. The concerns it delegates:
   checkpoint_state.py  what a checkpoint holds and how a run is restored from one
   state.py             TrainState (saved in checkpoints), LoopState (this run's bookkeeping)
   validation.py        validation loss and --eval-bleu
+  distributed.py       ranks and collectives: --ddp-timeout and its one-line failures, and the stop of
+                       a torchrun worker whose launcher died
 
 The data position (epoch, batches consumed in that epoch) advances by K = --update-freq per
 update whether the update was applied or skipped, and it is saved in every checkpoint together
@@ -93,6 +95,9 @@ class Trainer:
     """Sets everything up from a TrainConfig, then `run()` trains until a stopping rule fires."""
 
     def __init__(self, cfg: TrainConfig, progress_console=None):
+        # first: a torchrun worker records its launcher before anything slow (distributed.py)
+        self._launcher = D.LauncherWatch()
+        self._phase = "set-up"  # what the ranks are doing together, for a failed collective's message
         cfg = cfg.validate()
         self.save_dir = Path(cfg.save_dir)
         if self.save_dir.exists() and not self.save_dir.is_dir():
@@ -287,6 +292,7 @@ class Trainer:
         """Write checkpoint_last.pt (always) and the other `names` of it before it (rank 0 writes)."""
         t0 = time.perf_counter()
         lp = self.loop
+        self._phase = f"checkpoint at update {self.state.update}"
         if lp.best_pending:
             names = [*names, BEST]
         self.state.elapsed_s = lp.elapsed()
@@ -326,6 +332,7 @@ class Trainer:
     def _train_step(self, batches: list) -> StepResult:
         """One update over this rank's micro-batches (step.UpdateStep), counted in the TrainState."""
         lp = self.loop
+        self._phase = f"update {self.state.update + 1}"
         out = self.update_step(batches, self.state.update + 1,
                                lp.local_flags(self.cfg.max_time, self.cfg.save_interval_minutes))
         lp.flags = out.flags
@@ -345,6 +352,7 @@ class Trainer:
 
     def _validate(self) -> dict:
         cfg, st = self.cfg, self.state
+        self._phase = f"validation at update {st.update}"
         model = self.ema.model if self.ema is not None else self.model
         res = self.validator.loss(model, self.device, self._autocast, self.epsilon)
         rec = {"type": "valid", "epoch": st.last_epoch_done, "update": st.update, "loss": res.loss,
@@ -390,18 +398,49 @@ class Trainer:
         cfg, info = self.cfg, self.info
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        lock = _SaveDirLock(self.save_dir) if info.is_main else None
+        self._launcher.start(self._saved_note)
         try:
-            if info.is_main:
-                self._tidy_save_dir()
-            D.init(info, self.device.type)
+            lock = _SaveDirLock(self.save_dir) if info.is_main else None
             try:
-                return self._run()
+                if info.is_main:
+                    self._tidy_save_dir()
+                D.init(info, self.device.type, cfg.ddp_timeout)
+                try:
+                    return self._run()
+                except (RuntimeError, D.CollectiveFailed) as e:
+                    failed = self._collective_failed(e)  # a collective that timed out or lost a peer: one line
+                    if failed is None:
+                        raise
+                    raise failed from None
+                finally:
+                    D.shutdown(info)
             finally:
-                D.shutdown(info)
+                if lock is not None:
+                    lock.release()
         finally:
-            if lock is not None:
-                lock.release()
+            self._launcher.close()
+
+    def _collective_failed(self, e: Exception) -> UserError | None:
+        """A UserError for a collective that failed (D.CollectiveFailed, or DDP's own error), else None."""
+        phase = self._phase
+        op = "DDP's gradient all-reduce" if phase.startswith("update") else \
+            "DDP's parameter broadcast" if phase == "set-up" else "a collective"
+        failed = D.collective_failure(e, op, self.info)
+        if failed is None:
+            return None
+        failed.where = phase
+        message = f"{failed}; {self._saved_note()} (run the same command to resume)"
+        log = getattr(self, "log", None)
+        if log is not None:
+            log.write({"type": "end", "update": self.state.update, "reason": "failed", "message": message})
+        return UserError(message)
+
+    def _saved_note(self) -> str:
+        """Where the last checkpoint of this run stands (for a stop that cannot save)."""
+        loop = getattr(self, "loop", None)
+        saved = loop.saved_at_update if loop is not None else -1
+        return (f"{self.save_dir / LAST} holds update {saved}" if saved >= 0 else
+                f"no {LAST} was written yet")
 
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
