@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import re
 import subprocess
@@ -136,14 +137,47 @@ def test_stage_logic(tmp_path):
     assert r.returncode != 0 and not (tmp_path / "stamps" / "c.stamp").exists()
 
 
+VALID_LINE = re.compile(r"^validation loss \(nll, bits per target token\): (\d+\.\d{3}) at update (\d+) -> "
+                        r"(\d+\.\d{3}) at update (\d+) \((\d+) validations\)$", re.M)
+BLANK_WARNING = "are empty or blank"  # nmtkit score's warning about an all-empty output
+
+
+def _valid_nll(save_dir: Path) -> list[tuple[int, float]]:
+    """(update, nll_loss) of every `valid` record of SAVE_DIR/train_log.jsonl."""
+    with open(save_dir / "train_log.jsonl", encoding="utf-8") as fh:
+        return [(r["update"], r["nll_loss"]) for r in map(json.loads, fh) if r["type"] == "valid"]
+
+
+def _assert_valid_loss_fell(save_dir: Path, stdout: str) -> None:
+    """At least two validations, the last one's loss below the first's, and the recipe's summary
+    line (the last one on stdout) saying so with the log's numbers."""
+    valid = _valid_nll(save_dir)
+    assert len(valid) >= 2 and valid[-1][1] < valid[0][1], valid
+    lines = VALID_LINE.findall(stdout)
+    assert lines, stdout
+    assert lines[-1] == (f"{valid[0][1]:.3f}", str(valid[0][0]), f"{valid[-1][1]:.3f}", str(valid[-1][0]),
+                         str(len(valid))), (lines, valid)
+
+
+def _hyps(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
 def test_quickstart_smoke(tmp_path):
+    """recipes/quickstart.sh --smoke trains long enough to tell a working pipeline from a broken
+    one: the validation loss falls and the translations are not empty (a model of 30 updates
+    gave only empty ones)."""
     data = shared_file("multi30k", "train.de.gz").parent
     work = tmp_path / "quickstart"
     r = _run(["bash", "recipes/quickstart.sh", "--smoke"], _env(work, NMTKIT_DATA=str(data)))
     assert r.returncode == 0, r.stderr[-3000:]
     m = SCORE_LINE.search(r.stdout)
     assert m and "| lines: 1000" in m.group(0), r.stdout  # the whole test_2016_flickr
-    assert (work / "test_2016_flickr.hyp.en").is_file()
+    assert BLANK_WARNING not in r.stderr, r.stderr[-3000:]
+    assert "--smoke checks the pipeline, not the model" in r.stderr
+    hyps = _hyps(work / "test_2016_flickr.hyp.en")
+    assert len(hyps) == 1000 and sum(1 for h in hyps if h.strip()) >= 500, hyps[:20]
+    _assert_valid_loss_fell(work / "checkpoints", r.stdout)
 
 
 TABLE_ROW = re.compile(r"^  (news \(newstest2014, last 100 lines, held out\)|Multi30k test_2016_flickr \(200 lines\))"
@@ -165,6 +199,18 @@ def test_finetune_smoke(tmp_path):
     assert len(lines) == 2 and "| lines: 100" in lines[0] and "| lines: 200" in lines[1], r.stdout
     for stage in ("base", "data", "preprocess", "before", "train", "after"):
         assert f"[finetune] {stage}: done" in r.stderr, stage
+    # the news validation loss fell; each test set translated once per model, only the lines scored
+    _assert_valid_loss_fell(work / "checkpoints", r.stdout)
+    assert BLANK_WARNING not in r.stderr, r.stderr[-3000:]
+    results = work / "results"
+    assert sorted(p.name for p in results.glob("*.hyp")) == [
+        "after.flickr.hyp", "after.news.hyp", "before.flickr.hyp", "before.news.hyp"]
+    for name, n in (("news", 100), ("flickr", 200)):
+        for model in ("before", "after"):
+            assert len(_hyps(results / f"{model}.{name}.hyp")) == n, (model, name)
+    assert sum(1 for h in _hyps(results / "before.flickr.hyp") if h.strip()) >= 100
+    assert _hyps(work / "raw" / "flickr.de") == _lines(data / "test_2016_flickr.de.gz")[:200]
+    assert "--smoke checks the pipeline, not the model" in r.stderr
     # the fine-tuned model started from the quickstart's, on data with the same dictionaries
     from nmtkit import checkpoints as ck
 

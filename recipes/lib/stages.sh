@@ -142,3 +142,22 @@ stage_generate() {  # the test split of DATA_BIN into HYP (parsing data: one rep
         --device "$DEVICE" --output "$HYP" "${gen[@]}"
     STAGE_OUTPUTS+=("$HYP")
 }
+
+show_valid_loss() {  # show_valid_loss CKPT_DIR: the first and last validation loss of its train_log.jsonl
+    python - "$1/train_log.jsonl" <<'PY'
+import json, sys
+valid = []
+with open(sys.argv[1], encoding="utf-8") as fh:
+    for rec in map(json.loads, fh):
+        if rec["type"] == "start" and rec.get("resumed"):  # drop what the interrupted run logged later
+            valid = [v for v in valid if v["update"] <= rec["update"]]
+        elif rec["type"] == "valid":
+            valid.append(rec)
+if not valid:
+    print("validation loss: none logged (training stopped before its first validation)")
+else:
+    a, b = valid[0], valid[-1]
+    print(f"validation loss (nll, bits per target token): {a['nll_loss']:.3f} at update {a['update']} -> "
+          f"{b['nll_loss']:.3f} at update {b['update']} ({len(valid)} validations)")
+PY
+}
