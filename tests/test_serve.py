@@ -309,7 +309,7 @@ def test_health_is_503_until_the_model_is_loaded_then_info_describes_it(setup): 
         assert httpx.get(f"{url}/health").json() == {"status": "ok"}
         info = httpx.get(f"{url}/info").json()
     ckpt_state = __import__("torch").load(ckpt, weights_only=True)
-    assert info["model"]["paths"] == [str(ckpt)]
+    assert info["model"]["paths"] == [Path(ckpt).name]  # its name: where it is on disk is the operator's
     assert info["model"]["sha256"] == [hashlib.sha256(Path(ckpt).read_bytes()).hexdigest()]
     assert info["model"]["architecture"] == [ckpt_state["arch_config"]]
     assert (info["source_lang"], info["target_lang"], info["task"], info["device"]) == ("de", "en", "translation", "cpu")
@@ -408,6 +408,28 @@ def test_signal_finishes_the_request_in_flight_stops_accepting_and_exits_0(setup
     assert proc.stdout.read() == ""
 
 
+def test_graceful_timeout_drops_the_requests_left_and_exits_3(setup):  # noqa: F811
+    data, ckpt, _, _ = setup
+    proc, url, err = start_cli(data, ckpt, "--max-wait-ms", "60000", "--graceful-timeout", "1")
+    try:
+        conn = send(url, {"text": POOL[:2]})  # waits up to 60 s in the queue for company
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):  # closed unanswered
+            conn.getresponse()
+        assert proc.wait(30) == 3
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_until(lambda: err and err[-1].startswith("nmtkit serve: stopped"))
+    assert "nmtkit serve: --graceful-timeout 1 s passed: dropping 1 request not answered yet" in err
+    assert any(" POST /translate 499 sentences=2 " in x and x.endswith("dropped: --graceful-timeout 1 s passed "
+                                                                       "(dropped unstarted)") for x in err), err
+    assert err[-1] == "nmtkit serve: stopped (1 request dropped unanswered)"
+
+
 def test_loading_error_stops_the_server_with_exit_2(setup, tmp_path, run_cli):  # noqa: F811
     data, _, _, _ = setup
     bad = tmp_path / "not_a_checkpoint.pt"
@@ -433,6 +455,9 @@ def test_flag_errors_and_a_busy_port_exit_2_before_listening(setup, run_cli):  #
         (("--port", "70000"), "--port must be in 0..65535, got 70000"),
         (("--max-wait-ms", "-1"), "--max-wait-ms must be in 0..60000, got -1.0"),
         (("--max-batch-tokens", "0"), "--max-batch-tokens must be >= 1, got 0"),
+        (("--header-timeout", "0"), "--header-timeout must be in (0, 3600] seconds, got 0.0"),
+        (("--graceful-timeout", "-1"), "--graceful-timeout must be in [0, 3600] seconds, got -1.0"),
+        (("--max-connections", "0"), "--max-connections must be >= 1, got 0"),
         (("--topk", "5"), "--topk, --topp and --temperature apply only with --sampling"),
         (("--nbest", "5"), "--nbest 5 exceeds the --beam 4"),
         (("--device", "cuda:7"), "--device cuda:7"),

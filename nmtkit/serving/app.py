@@ -6,7 +6,8 @@
                      -> 200 {"translations": [...]} in the request's order
 
 Errors are `{"error": "one sentence"}`: 400 for a body that is not the JSON object described
-(or an impossible setting), 413 beyond a limit, 503 (with Retry-After) while loading or when the
+(or an impossible setting), 408 for a body that does not arrive within --body-timeout (the
+connection is then closed), 413 beyond a limit, 503 (with Retry-After) while loading or when the
 queue is full, 404/405 for other paths and methods, 500 for a bug (logged).
 
 Why Starlette without FastAPI's request models: the error statuses and bodies above are the API,
@@ -15,9 +16,11 @@ object is shorter than overriding it. `parse_request` is a plain function, teste
 server.
 
 Each request is logged in one line on stderr: time, method, path, status, sentences, the
-sentences searched in its batch, latency. A client that goes away while its request waits is
+sentences searched in its batch, latency; the path is escaped (nmtkit.serving.logs.printable):
+`%0a` in a URL must not start a forged line. A client that goes away while its request waits is
 noticed (the ASGI `http.disconnect` message): its request leaves the queue untranslated, and
-others are not affected.
+others are not affected; one that goes away while sending its body is one line too (499), not a
+500 with a traceback.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 from nmtkit.errors import UserError
 from nmtkit.serving.batcher import Batcher, Job, QueueFull
+from nmtkit.serving.logs import printable
 
 RETRY_AFTER = "1"  # seconds: a full queue drains within about a batch's time
 FIELDS = ("text", "beam", "lenpen", "nbest", "scores")
@@ -52,6 +56,10 @@ class Limits:
         """A body that cannot hold an acceptable request: every character JSON-escaped as
         \\uXXXX\\uXXXX (12 bytes, a surrogate pair), plus quotes, commas and the settings."""
         return self.max_request_sentences * (12 * self.max_sentence_chars + 4) + 4096
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was read."""
 
 
 class RequestError(Exception):
@@ -193,6 +201,7 @@ class ServerState:
     """What the handlers share: the batcher once the model is loaded, and `/info`'s answer."""
 
     limits: Limits
+    body_timeout: float = 30.0  # seconds a request's body may take to arrive (--body-timeout)
     batcher: Batcher | None = None
     info: dict = field(default_factory=dict)
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
@@ -208,17 +217,31 @@ def _error(status: int, message: str, headers: dict | None = None):
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-async def _read_body(request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it exceeds `limit` bytes."""
+async def _read_body(request, limit: int, timeout: float) -> bytes:
+    """The body, refused with 413 as soon as it exceeds `limit` bytes, and with 408 (closing the
+    connection) when it is not complete within `timeout` seconds; ClientGone if the client
+    disconnects first."""
+    from starlette.requests import ClientDisconnect
+
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
         raise RequestError(413, f"the request body has {size} bytes; at most {limit}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"the request body exceeds {limit} bytes")
-    return bytes(body)
+
+    async def read() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, f"the request body exceeds {limit} bytes")
+        return bytes(body)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise RequestError(408, f"the request body did not arrive within {timeout:g} s",
+                           {"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise ClientGone() from None
 
 
 async def _disconnected(receive) -> None:
@@ -250,7 +273,7 @@ def build_app(state: ServerState, lifespan=None):
         try:
             if not state.ready:
                 raise RequestError(503, "the model is still loading", {"Retry-After": RETRY_AFTER})
-            body = await _read_body(request, state.limits.max_body_bytes)
+            body = await _read_body(request, state.limits.max_body_bytes, state.body_timeout)
             req = parse_request(body, state.limits, state.batcher.translator.search)
             scope_state["sentences"] = len(req.sentences)
             batcher = state.batcher
@@ -267,6 +290,9 @@ def build_app(state: ServerState, lifespan=None):
             return JSONResponse(response_body(rows, job.key.nbest, req.scores))
         except RequestError as e:
             return _error(e.status, e.message, e.headers)
+        except ClientGone:
+            scope_state["gone"] = "while sending its request"
+            return JSONResponse({"error": "the client went away"}, status_code=499)
 
     async def http_error(request, exc):
         msg = {404: f"no such path {request.url.path} (the API has /health, /info and /translate)",
@@ -324,13 +350,15 @@ class RequestLog:
         finally:
             ms = (time.perf_counter() - t0) * 1000
             s = scope.get("nmtkit", {})
-            parts = [datetime.now().isoformat(sep=" ", timespec="milliseconds"), scope["method"], scope["path"],
-                     str(status[0] or 500)]
+            parts = [datetime.now().isoformat(sep=" ", timespec="milliseconds"), scope["method"],
+                     printable(scope["path"]), str(status[0] or 500)]
             if "sentences" in s:
                 parts.append(f"sentences={s['sentences']}")
             if "batch" in s:
                 parts.append(f"batch={s['batch']}")
             parts.append(f"latency_ms={ms:.1f}")
-            if "gone" in s:
+            if "gone" in s and "dropped" in s:  # the server closed the connection (nmtkit.serving.protocol)
+                parts.append(f"dropped: {s['dropped']} ({s['gone']})")
+            elif "gone" in s:
                 parts.append(f"client went away ({s['gone']})")
-            self.log(" ".join(parts))
+            self.log(printable(" ".join(parts)))

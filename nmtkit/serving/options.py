@@ -3,7 +3,8 @@
 The model flags (DATA_DIR, --path, --device, --precision, --threads, --ema) and the search flags
 (SearchConfig's: --beam, --lenpen, ..., the server's defaults for every request) are `nmtkit
 generate`'s own fields, taken with `same_setting` / `group`, so the two commands cannot drift.
-The rest are the server's: where it listens, how it batches, and what a request may ask.
+The rest are the server's: where it listens, how many connections it holds and how long it waits
+for a slow client, how it batches, and what a request may ask.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class ServeOptions:
     decoding: str | None = same_setting(GenerateOptions, "decoding")
     host: str = setting("127.0.0.1", flag="--host", panel=SERVER, help="Address to listen on (0.0.0.0: every interface).")
     port: int = setting(8000, flag="--port", panel=SERVER, help="TCP port (0: any free port; the log says which).")
+    max_connections: int | None = setting(None, flag="--max-connections", panel=SERVER, help="Connections open at once at most (default: the open-file limit less an eighth, at most 1000); when full, the one waiting longest for its request is closed, or the new one gets 503.")
+    header_timeout: float = setting(10.0, flag="--header-timeout", panel=SERVER, help="Seconds a connection may take to send its request's headers (408, then closed).")
+    body_timeout: float = setting(30.0, flag="--body-timeout", panel=SERVER, help="Seconds a request's body may take to arrive (408, then closed); also how long an unread answer may wait.")
+    graceful_timeout: float = setting(25.0, flag="--graceful-timeout", panel=SERVER, help="On SIGTERM/SIGINT: seconds to finish the requests in flight before dropping them (exit 0 if all were answered, 3 if not).")
     max_batch_sentences: int = setting(64, flag="--max-batch-sentences", panel=BATCHING, help="Sentences searched together at most (from one or several requests).")
     max_batch_tokens: int | None = setting(None, flag="--max-batch-tokens", panel=BATCHING, help="Padded source tokens per search batch at most (default: no limit).")
     max_wait_ms: float = setting(5.0, flag="--max-wait-ms", panel=BATCHING, help="How long the first waiting request waits for others to share its batch (ms).")
@@ -62,6 +67,13 @@ class ServeOptions:
                         ("--max-sentence-chars", self.max_sentence_chars), ("--max-beam", self.max_beam)):
             if v < 1:
                 raise UserError(f"{flag} must be >= 1, got {v}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise UserError(f"--max-connections must be >= 1, got {self.max_connections}")
+        for flag, v in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
+            if not 0 < v <= 3600:
+                raise UserError(f"{flag} must be in (0, 3600] seconds, got {v}")
+        if not 0 <= self.graceful_timeout <= 3600:
+            raise UserError(f"--graceful-timeout must be in [0, 3600] seconds, got {self.graceful_timeout}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise UserError(f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
         if not 0 <= self.max_wait_ms <= 60_000:

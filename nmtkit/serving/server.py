@@ -2,14 +2,24 @@
 
 Order of events (docs/serve.md):
 1. the flags are checked and the device resolved (a mistake is one line and exit 2, before
-   anything listens); the socket is bound (a port in use is one line naming --host/--port);
+   anything listens); the connection limit is set below the open-file limit
+   (`connection_limit`); the socket is bound (a port in use is one line naming --host/--port),
+   with a warning when the address is reachable from beyond this machine's loopback;
 2. uvicorn serves at once: /health answers 503 while a thread loads the model
    (`Translator.load`, once), then 200; a loading error stops the server with exit 2;
+   connections are uvicorn's h11 protocol with nmtkit's limits on slow clients and on the
+   number of connections (nmtkit.serving.protocol), on asyncio's event loop;
 3. requests go through the `Batcher` (one worker thread runs every search);
-4. SIGTERM or SIGINT: uvicorn stops accepting connections and waits for the requests in
-   flight, which the batcher finishes; then the worker stops and the process exits 0 (uvicorn
-   alone would re-raise the signal after its graceful shutdown, ending with status -15/-2);
-   a second SIGINT forces the exit.
+4. SIGTERM or SIGINT: uvicorn stops accepting connections; connections without a complete
+   request are closed (an upload still arriving is dropped); the requests received are
+   searched and answered, for at most --graceful-timeout seconds, after which those still
+   unanswered are dropped; then the worker stops and the process exits: 0 if every request was
+   answered, 3 if some were dropped (uvicorn alone would wait for ever and re-raise the signal,
+   ending with status -15/-2). A second SIGTERM or SIGINT drops them at once (exit 3).
+
+Logging: every line goes through `nmtkit.serving.logs.printable` (no raw control characters);
+uvicorn's own warnings go to the same log; what a flood can repeat (refused connections, slow
+clients, `accept()` failing with "Too many open files") is one line at most every 10 s per kind.
 
 `Server` is also the in-process handle that tests use (`bind()`, `run()` in a thread, `stop()`),
 with a `load` function of their own when they need to hold the loading back.
@@ -19,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
+import logging
 import os
 import signal
 import socket
@@ -31,10 +43,15 @@ from typing import Any
 
 from nmtkit.checkpoints import require_exists
 from nmtkit.data.manifest import load_manifest
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, count
 from nmtkit.serving.app import Limits, ServerState, build_app
 from nmtkit.serving.batcher import Batcher
+from nmtkit.serving.logs import LogHandler, Notes, printable
 from nmtkit.serving.options import ServeOptions
+
+EXIT_DROPPED = 3  # the exit status after a shutdown that dropped requests (docs/serve.md)
+AUTO_MAX_CONNECTIONS = 1000  # --max-connections' default at most
+FILES_KEPT = 64  # open files kept for the rest of the process (model files, the loop, stdio, ...) at least
 
 
 def require_extra() -> None:
@@ -69,14 +86,68 @@ def load_translator(opts: ServeOptions, warn: Callable[[str], None]) -> Any:
                            max_tokens=opts.max_batch_tokens, warn=warn, search=opts.search)
 
 
+def model_name(path: str) -> str:
+    """What /info shows of a --path: its file or directory name, not where it is on disk."""
+    return os.path.basename(os.path.normpath(path))
+
+
+def connection_limit(requested: int | None) -> int:
+    """--max-connections: the one asked for (raising the open-file soft limit to make room for
+    it, when the hard limit allows), or by default the open-file limit less an eighth (at least
+    FILES_KEPT), at most AUTO_MAX_CONNECTIONS. So accepting a connection never fails for lack
+    of file descriptors."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return requested or AUTO_MAX_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    unlimited = resource.RLIM_INFINITY
+    if requested is None:
+        if soft == unlimited:
+            return AUTO_MAX_CONNECTIONS
+        return max(1, min(AUTO_MAX_CONNECTIONS, soft - max(FILES_KEPT, soft // 8)))
+    need = requested + max(FILES_KEPT, requested // 8)
+    if soft != unlimited and need > soft:
+        if hard != unlimited and need > hard:
+            raise UserError(f"--max-connections {requested} needs about {need} open files; this process may open "
+                            f"at most {hard} (ulimit -Hn): ask for at most {max(1, hard - max(FILES_KEPT, hard // 9))}")
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        except (ValueError, OSError) as e:
+            raise UserError(f"--max-connections {requested}: cannot raise the open-file limit to {need}: {e}") from None
+    return requested
+
+
+def open_file_limit() -> str:
+    """The open-file soft limit, for messages."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    except ImportError:
+        return "unknown"
+
+
+def beyond_loopback(address: str) -> bool:
+    """Whether a socket bound to `address` can be reached from other machines."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return True
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_loopback
+
+
 def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) -> dict:
-    """GET /info's answer."""
+    """GET /info's answer (the checkpoints by name: where they are on disk is the operator's)."""
     from nmtkit import __version__
     from nmtkit.search.config import SEARCH_SETTINGS
 
     return {
         "nmtkit": __version__,
-        "model": {"paths": list(opts.paths), "sha256": sha256s, "ema": opts.ema,
+        "model": {"paths": [model_name(p) for p in opts.paths], "sha256": sha256s, "ema": opts.ema,
                   "architecture": tr.engine.architectures(), "runtime": tr.engine.name},
         "source_lang": tr.src_lang, "target_lang": tr.tgt_lang, "task": tr.task,
         "device": str(tr.device), "precision": opts.precision,
@@ -101,13 +172,17 @@ class Server:
         require_extra()
         self.opts = opts
         self.load = load or load_translator
-        self.log = log
+        self.log = lambda line: log(printable(line))
         self.limits = Limits(opts.max_request_sentences, opts.max_sentence_chars, opts.max_beam)
-        self.state = ServerState(self.limits, log=log)
+        self.state = ServerState(self.limits, body_timeout=opts.body_timeout, log=self.log)
+        self.max_connections = connection_limit(opts.max_connections)
+        self.notes = Notes(self.log)
         self.error: BaseException | None = None
         self.sock: socket.socket | None = None
         self._uvicorn = None
         self._loader: threading.Thread | None = None
+        self.dropped = 0  # requests the shutdown dropped unanswered
+        self._stop_batcher = (True, None)  # (drain, timeout) for the batcher when the server stops
 
     # -- set-up
 
@@ -153,31 +228,50 @@ class Server:
         self._loader = threading.Thread(target=self._load, name="nmtkit-load", daemon=True)
         self._loader.start()
         yield
-        # Every request in flight has been answered (uvicorn waited for them): stop the worker.
+        # Every request in flight has been answered or dropped (_Uvicorn.shutdown): stop the worker,
+        # within what is left of --graceful-timeout.
         batcher = self.state.batcher
         if batcher is not None:
             import asyncio
 
-            await asyncio.to_thread(batcher.close, True)
+            await asyncio.to_thread(batcher.close, *self._stop_batcher)
 
     # -- running
 
-    def run(self) -> None:
-        """Serve until SIGTERM/SIGINT (or `stop()`); raise the loading error, if any."""
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT (or `stop()`); raise the loading error, if any. Returns the
+        exit status: 0, or EXIT_DROPPED when the shutdown dropped requests unanswered."""
         import uvicorn
+
+        from nmtkit.serving.protocol import MAX_HEADER_BYTES, Guard, protocol_class
 
         if self.sock is None:
             self.bind()
         app = build_app(self.state, lifespan=self._lifespan)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                timeout_keep_alive=5)
-        self._uvicorn = _Uvicorn(config, self.log)
+        self.guard = guard = Guard(self.max_connections, self.opts.header_timeout, self.opts.body_timeout, self.notes)
+        # uvicorn's settings where it has them; its limit_concurrency is not used: it refuses
+        # requests, not connections (nmtkit.serving.protocol bounds the connections); the listen
+        # backlog is bind()'s
+        config = uvicorn.Config(app, http=protocol_class(guard), loop="asyncio", log_config=None,
+                                log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5,
+                                timeout_graceful_shutdown=self.opts.graceful_timeout,
+                                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+        self._uvicorn = _Uvicorn(config, self)
         host, port = self.sock.getsockname()[:2]
-        self.log(f"nmtkit serve: listening on http://{host}:{port} (pid {os.getpid()}); loading the model")
-        self._uvicorn.run(sockets=[self.sock])
-        self.log("nmtkit serve: stopped")
+        shown = f"[{host}]" if ":" in host else host
+        self.log(f"nmtkit serve: listening on http://{shown}:{port} (pid {os.getpid()}); loading the model")
+        if beyond_loopback(host):
+            self.log(f"nmtkit serve: warning: --host {self.opts.host} listens beyond loopback: anyone who can reach "
+                     f"port {port} can use this server, which has no authentication or TLS (put a reverse proxy in "
+                     f"front of it)")
+        with _uvicorn_logs(LogHandler(self.log, self.notes)):
+            self._uvicorn.run(sockets=[self.sock])
+        self.notes.flush(everything=True)
+        self.log("nmtkit serve: stopped" + (f" ({count(self.dropped, 'request')} dropped unanswered)"
+                                            if self.dropped else ""))
         if self.error is not None:
             raise self.error
+        return EXIT_DROPPED if self.dropped else 0
 
     def stop(self) -> None:
         """Ask the server to stop gracefully (as SIGTERM does); returns at once."""
@@ -185,38 +279,144 @@ class Server:
             self._uvicorn.should_exit = True
 
 
-class _Uvicorn:
-    """uvicorn.Server that logs the shutdown and exits 0 after a graceful stop (see the module
-    docstring). Built lazily so that importing this module needs no uvicorn."""
+_log_lock = threading.Lock()
+_log_handlers: list[logging.Handler] = []  # those of the servers running in this process (tests run several)
+_log_propagate = [True]  # the "uvicorn" logger's own setting, put back when the last one stops
 
-    def __new__(cls, config, log):
+
+@contextlib.contextmanager
+def _uvicorn_logs(handler: logging.Handler):
+    """uvicorn's log records go to `handler`, and not on to the root logger's (which would print
+    them again), while a server runs."""
+    logger = logging.getLogger("uvicorn")
+    with _log_lock:
+        if not _log_handlers:
+            _log_propagate[0] = logger.propagate
+        _log_handlers.append(handler)
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        with _log_lock:
+            _log_handlers.remove(handler)
+            logger.removeHandler(handler)
+            if not _log_handlers:
+                logger.propagate = _log_propagate[0]
+
+
+@contextlib.contextmanager
+def _capture_signals(self):
+    """uvicorn.Server.capture_signals, without re-raising the signal at the end (exit 0 after a
+    graceful stop); only the main thread can set handlers (tests run servers in threads)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handled = (signal.SIGINT, signal.SIGTERM)
+    original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, handler in original.items():
+            signal.signal(sig, handler)
+
+
+def _handle_exit(self, sig, frame) -> None:
+    """The first SIGTERM/SIGINT stops accepting and finishes what is in flight; the second drops it."""
+    name = signal.Signals(sig).name
+    grace = self.owner.opts.graceful_timeout
+    if not self.should_exit:
+        self.owner.log(f"nmtkit serve: {name}: not accepting connections; finishing the requests in flight "
+                       f"(at most {grace:g} s, --graceful-timeout; {name} again to drop them)")
+        self.should_exit = True
+    elif not self.force_exit:
+        self.owner.log(f"nmtkit serve: {name} again: dropping the requests in flight")
+        self.force_exit = True
+
+
+async def _startup(self, sockets=None) -> None:
+    """uvicorn's, with nmtkit's accept loop (nmtkit.serving.protocol) instead of loop.create_server's."""
+    import asyncio
+
+    from uvicorn.config import STARTUP_FAILURE
+
+    from nmtkit.serving.protocol import accept_connections
+
+    await self.lifespan.startup()
+    if self.lifespan.should_exit:
+        sys.exit(STARTUP_FAILURE)
+    config, loop = self.config, asyncio.get_running_loop()
+
+    def make_protocol():
+        return config.http_protocol_class(config=config, server_state=self.server_state,
+                                          app_state=self.lifespan.state, _loop=loop)
+
+    self.servers = []
+    self.acceptors = [loop.create_task(accept_connections(sock, make_protocol, self.owner.guard,
+                                                          open_file_limit())) for sock in sockets]
+    self.started = True
+
+
+async def _on_tick(self, counter: int) -> bool:
+    import uvicorn
+
+    self.owner.notes.flush()
+    return await uvicorn.Server.on_tick(self, counter)
+
+
+async def _shutdown(self, sockets=None) -> None:
+    """Close idle connections and stalled uploads at once, answer the requests received, drop
+    what is left after --graceful-timeout (or a second signal), then stop the batcher."""
+    import asyncio
+
+    owner, grace = self.owner, self.owner.opts.graceful_timeout
+    deadline = time.monotonic() + grace
+    for acceptor in self.acceptors:
+        acceptor.cancel()
+    for sock in sockets or []:
+        sock.close()
+    state = self.server_state
+    for connection in list(state.connections):
+        connection.shutdown()  # nmtkit.serving.protocol.Protocol.shutdown
+    while (state.connections or state.tasks) and not self.force_exit and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if state.tasks:
+        owner.dropped = len(state.tasks)
+        why = "a second signal" if self.force_exit else f"--graceful-timeout {grace:g} s passed"
+        owner.log(f"nmtkit serve: {why}: dropping {count(owner.dropped, 'request')} not answered yet")
+    else:
+        why = "the server is stopping"
+    for connection in list(state.connections):
+        connection.drop(why)
+    end = time.monotonic() + 1.0  # the handlers see their clients gone and log their lines
+    while state.tasks and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    for task in list(state.tasks):
+        task.cancel()
+    owner._stop_batcher = (not owner.dropped, max(0.0, deadline - time.monotonic()) if not owner.dropped else 0.5)
+    await self.lifespan.shutdown()
+
+
+class _Uvicorn:
+    """uvicorn.Server with nmtkit's shutdown (the module docstring): bounded by
+    --graceful-timeout, forced by a second signal, no re-raised signal; and one log line at most
+    every 10 s for `accept()` failing for lack of file descriptors (nmtkit.serving.protocol's
+    accept loop: asyncio's logged a traceback for each connection it could not accept,
+    thousands of times a second). Built lazily so that importing this module needs no uvicorn."""
+
+    def __new__(cls, config, owner: Server):
         import uvicorn
 
-        class Graceful(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
-                handled = (signal.SIGINT, signal.SIGTERM)
-                original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-                try:
-                    yield
-                finally:
-                    for sig, handler in original.items():
-                        signal.signal(sig, handler)
-
-            def handle_exit(self, sig, frame):
-                if not self.should_exit:
-                    log(f"nmtkit serve: {signal.Signals(sig).name}: not accepting connections; finishing "
-                        f"the requests in flight (again to force)")
-                super().handle_exit(sig, frame)
-
-        return Graceful(config)
+        graceful = type("Graceful", (uvicorn.Server,), {
+            "capture_signals": _capture_signals, "handle_exit": _handle_exit, "startup": _startup,
+            "on_tick": _on_tick, "shutdown": _shutdown})
+        server = graceful(config)
+        server.owner = owner
+        return server
 
 
-def serve(opts: ServeOptions) -> None:
-    """`nmtkit serve`: the flags' server, until SIGTERM/SIGINT."""
+def serve(opts: ServeOptions) -> int:
+    """`nmtkit serve`: the flags' server, until SIGTERM/SIGINT; the exit status (`Server.run`)."""
     from nmtkit.generation.model_flags import model_source, print_note, runtime_options
 
     require_extra()
@@ -235,4 +435,4 @@ def serve(opts: ServeOptions) -> None:
     print_note(opts.engine_note)
     server = Server(opts)
     server.bind()
-    server.run()
+    return server.run()
