@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from nmtkit import checkpoints as ck
 from nmtkit.errors import UserError
@@ -23,7 +22,6 @@ from nmtkit.training import trainer as T
 from nmtkit.training.config import TrainConfig, parse_ddp_timeout
 from nmtkit.training.report import read_log
 
-from conftest import word_mapping_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -33,16 +31,7 @@ TRAIN = ["--arch", "transformer_tiny", "--max-tokens", "256", "--lr-scheduler", 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl and /proc are Linux's")
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return word_mapping_data_dir(tmp_path_factory.mktemp("corpus"), 400, 24, 24, seed=0)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    yield
-    torch.set_num_threads(old)
+from test_save_crash import _one_thread, data_dir  # noqa: E402, F401 - fixtures: the corpus, torch's threads kept
 
 
 def wait_for(pred, timeout: float, what: str, procs=()):

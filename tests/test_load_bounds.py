@@ -20,29 +20,20 @@ from nmtkit.errors import UserError
 from nmtkit.models import registry
 from nmtkit.models.registry import ARCHS, ArchConfig
 
-from conftest import word_mapping_data_dir
+from test_crafted_checkpoints import setup as crafted_setup  # noqa: F401 - fixture
 
 COMMON = ("--gen-subset", "valid", "--max-len-b", "4", "--quiet", "--threads", "1", "--beam", "1")
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """(data dir, its dictionaries, a tiny checkpoint's state with EMA weights)."""
+def setup(crafted_setup):
+    """(data dir, its dictionaries, a tiny checkpoint's state with EMA weights): the crafted-checkpoint
+    tests' model, with a copy of its weights as the EMA ones."""
     from nmtkit.data.manifest import load_dictionaries
-    from nmtkit.models import Transformer
 
-    root = tmp_path_factory.mktemp("bounds")
-    data = word_mapping_data_dir(root, 60, 6, 12, seed=1)
-    src, tgt = load_dictionaries(data)
-    torch.manual_seed(0)
-    cfg = ArchConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2)
-    weights = Transformer(cfg, len(src), len(tgt)).state_dict()
-    state = {"arch": "test", "arch_config": cfg.to_dict(), "model": weights,
-             "ema": {k: v.clone() for k, v in weights.items()},
-             "dictionaries": {"src_sha256": src.sha256, "tgt_sha256": tgt.sha256, "src_size": len(src),
-                              "tgt_size": len(tgt), "src_lang": "de", "tgt_lang": "en"},
-             "update": 1, "epoch": 1}
-    return data, (src, tgt), state
+    data, _, state = crafted_setup
+    state = {**state, "ema": {k: v.clone() for k, v in state["model"].items()}}
+    return data, load_dictionaries(data), state
 
 
 def crafted(tmp_path, state, name="crafted.pt"):
