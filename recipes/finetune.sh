@@ -38,6 +38,9 @@
 #   NMTKIT_WORK      this recipe's work directory (default: ./runs/finetune_news_de_en[_smoke])
 #   STAGE=name / LAST_STAGE=name  start from / stop after a stage
 #   LR, WARMUP, MAX_UPDATE, MAX_TOKENS, DROPOUT, PATIENCE, SEED, BEAM, LENPEN, DEVICE, THREADS
+#   DECODING         generate's --decoding (default fairseq: this recipe adapts a model, it does not
+#                    reproduce the paper; fairseq's rules keep a weak model's outputs from stopping
+#                    after a word or two; paper: the GNMT penalty and exact stopping)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -83,6 +86,7 @@ PATIENCE=${PATIENCE:-5}
 SEED=${SEED:-1}
 BEAM=${BEAM:-4}
 LENPEN=${LENPEN:-0.6}
+DECODING=${DECODING:-fairseq}
 MAX_LEN_A=1 MAX_LEN_B=50
 DEVICE=${DEVICE:-$(s cpu auto)}
 THREADS=${THREADS:-$(s 1 "$(nproc)")}
@@ -177,7 +181,7 @@ stage_preprocess() {
 }
 
 evaluate() {  # evaluate MODEL NAME: RESULTS/NAME.{news,flickr}.{hyp,bleu}
-    local model=$1 name=$2 gen=(--beam "$BEAM" --lenpen "$LENPEN" --max-len-a "$MAX_LEN_A"
+    local model=$1 name=$2 gen=(--beam "$BEAM" --lenpen "$LENPEN" --decoding "$DECODING" --max-len-a "$MAX_LEN_A"
                                  --max-len-b "$MAX_LEN_B" --device "$DEVICE")
     if [ "$DEVICE" != cuda ]; then gen+=(--threads "$THREADS"); fi
     mkdir -p "$RESULTS"
@@ -244,7 +248,7 @@ run_stage base "$K_BASE" stage_base
 if [ -f "$BASE_MODEL" ]; then K_BASE=$(key "$K_BASE" "$(sha256sum < "$BASE_MODEL" | cut -c1-64)"); fi
 K_DATA=$(key data "$K_BASE" "$WMT14_DIR" "$NEWS_TRAIN_LINES" "$NEWS_VALID_LINES" "$NEWS_TEST_LINES" "$FLICKR_LINES")
 K_PREPROCESS=$(key preprocess "$K_DATA")
-K_BEFORE=$(key before "$K_PREPROCESS" "$BEAM" "$LENPEN" "$FLICKR_SRC")
+K_BEFORE=$(key before "$K_PREPROCESS" "$BEAM" "$LENPEN" "$DECODING" "$FLICKR_SRC")
 K_TRAIN=$(key train "$K_PREPROCESS" "$LR" "$WARMUP" "$MAX_UPDATE" "$MAX_TOKENS" "$DROPOUT" "$PATIENCE" "$SEED")
 K_AFTER=$(key after "$K_TRAIN" "$K_BEFORE")
 run_stage data "$K_DATA" stage_data
