@@ -212,7 +212,10 @@ def test_a_stopped_rank_ends_the_other_within_ddp_timeout_in_one_line(data_dir, 
     assert 4.5 < waited < 20, waited
     lines1 = [ln for ln in err1.splitlines() if ln.startswith("nmtkit: error:")]
     assert procs[1].returncode == 2 and len(lines1) == 1, err1[-3000:]
-    assert re.match(r"nmtkit: error: rank 1 of 2: .* failed because rank 0 exited or lost its connection", lines1[0])
+    # rank 1, continued, finds rank 0 gone: as a lost connection, or, when its collective had already
+    # begun before the stop, as its own timeout; either way one line naming rank 0
+    assert re.match(r"nmtkit: error: rank 1 of 2: .* (failed because rank 0 exited or lost its connection|"
+                    r"got no answer from rank 0 within --ddp-timeout 5s)", lines1[0]), lines1
     end = [r for r in read_log(save / "train_log.jsonl") if r["type"] == "end"]
     assert end[-1]["reason"] == "failed" and "got no answer from rank 1" in end[-1]["message"]
     assert lock_is_free(save)
