@@ -20,6 +20,7 @@ from nmtkit.errors import UserError
 from nmtkit.models import registry
 from nmtkit.models.registry import ARCHS, ArchConfig
 
+from test_crafted_checkpoints import crafted, one_line  # a checkpoint anyone can write; one error line
 from test_crafted_checkpoints import setup as crafted_setup  # noqa: F401 - fixture
 
 COMMON = ("--gen-subset", "valid", "--max-len-b", "4", "--quiet", "--threads", "1", "--beam", "1")
@@ -34,19 +35,6 @@ def setup(crafted_setup):
     data, _, state = crafted_setup
     state = {**state, "ema": {k: v.clone() for k, v in state["model"].items()}}
     return data, load_dictionaries(data), state
-
-
-def crafted(tmp_path, state, name="crafted.pt"):
-    p = tmp_path / name
-    torch.save({ck.MAGIC: 1, **state}, p)  # what anyone can write: no nmtkit code involved
-    return p
-
-
-def one_line(r) -> str:
-    assert r.code == 2, r
-    lines = [x for x in r.err.splitlines() if x.strip()]
-    assert len(lines) == 1 and "Traceback" not in r.err, r
-    return lines[0]
 
 
 @pytest.fixture

@@ -47,9 +47,10 @@ def search_flag_defaults(values: dict) -> tuple[dict, str | None]:
     found = find_export(values["paths"] or ())
     if flags["max_len_b"] is None:
         if found is not None:
-            from nmtkit.backends.directory import load_export
+            from nmtkit.backends.directory import read_info
 
-            flags["max_len_b"] = default_search(load_export(found[0])["data"]).max_len_b
+            # the description alone: its files' checksums are verified once, when the model is opened
+            flags["max_len_b"] = default_search(read_info(found[0])["data"]).max_len_b
         elif values["data_dir"] is not None:
             flags["max_len_b"] = default_max_len_b(values["data_dir"])
     note = None

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from nmtkit.checkpoints import require_exists
-from nmtkit.data.manifest import load_manifest
 from nmtkit.errors import UserError, count
 from nmtkit.serving.app import Limits, ServerState, build_app
 from nmtkit.serving.batcher import Batcher
@@ -76,14 +75,16 @@ def path_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def load_translator(opts: ServeOptions, warn: Callable[[str], None]) -> Any:
-    """The translator `nmtkit serve` uses: `Translator.load` with generate's model flags, the
-    search flags as defaults, and the batch limits."""
+def load_translator(opts: ServeOptions, warn: Callable[[str], None], source=None, prepared=None) -> Any:
+    """The translator `nmtkit serve` uses: `Translator.open` with generate's model flags, the
+    search flags as defaults, and the batch limits. `source` / `prepared`: the model as `serve`
+    already described it and its engine's set-up, so that nothing is read or checked twice."""
     from nmtkit.generation.model_flags import model_source, runtime_options
     from nmtkit.generation.translator import Translator
 
-    return Translator.open(model_source(opts), runtime_options(opts), batch_size=opts.max_batch_sentences,
-                           max_tokens=opts.max_batch_tokens, warn=warn, search=opts.search)
+    return Translator.open(source or model_source(opts), runtime_options(opts), prepared=prepared,
+                           batch_size=opts.max_batch_sentences, max_tokens=opts.max_batch_tokens, warn=warn,
+                           search=opts.search)
 
 
 def model_name(path: str) -> str:
@@ -425,14 +426,13 @@ def serve(opts: ServeOptions) -> int:
     # generate gives); a model that is there but does not load stops the server after it started.
     for p in opts.paths:
         require_exists(p)
-    if opts.data_dir is not None:
-        load_manifest(opts.data_dir)  # "data directory not found: ...", or not one nmtkit made
-    # device errors first, an export directory's damage (its description and checksums), and the
-    # search settings its engine cannot honour
+    # the data directory's manifest ("data directory not found: ...") or an export directory's
+    # description and checksums, the device, and the search settings the engine cannot honour;
+    # the loader then takes the model as described here
     source = model_source(opts)
-    source.engine.prepare(runtime_options(opts), lambda msg: None)
+    prepared = source.engine.prepare(runtime_options(opts), lambda msg: _log_stderr(f"nmtkit serve: warning: {msg}"))
     source.engine.check_search(opts.search)
     print_note(opts.engine_note)
-    server = Server(opts)
+    server = Server(opts, load=lambda o, warn: load_translator(o, warn, source, prepared))
     server.bind()
     return server.run()
