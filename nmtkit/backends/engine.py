@@ -44,7 +44,8 @@ class RuntimeOptions:
 
 class Engine:
     """One loaded model (or ensemble) on one runtime. Subclasses set the class attributes and
-    implement `search`; `forced_pass` and `attention` where `teacher_forcing` is True."""
+    implement `search`; `forced_pass`, `attention`, `layers` and `heads` where `teacher_forcing`
+    is True (nothing else asks an engine about its attention)."""
 
     name: ClassVar[str]  # the runtime as /info reports it: "nmtkit", "ctranslate2", ...
     display: ClassVar[str]  # how refusals name it: "CTranslate2"

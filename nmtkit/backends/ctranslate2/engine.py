@@ -169,12 +169,6 @@ class CTranslate2Engine(Engine):
     def architectures(self) -> list[dict]:
         return [self.arch.to_dict()]
 
-    def layers(self, kind: str) -> int:
-        return {"enc-self": self.arch.encoder_layers}.get(kind, self.arch.decoder_layers)
-
-    def heads(self, kind: str) -> int:
-        return self.arch.heads
-
     # -- searching
 
     def search(self, sources: Sequence[np.ndarray], cfg: SearchConfig,
