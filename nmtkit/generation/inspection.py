@@ -258,7 +258,7 @@ def _layer_and_heads(opts: AttentionOptions, n_layers: int, n_heads: int) -> tup
 
 def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
     """Run `nmtkit attention`: compute everything, then write the file(s); returns their paths."""
-    from nmtkit.backends.engine import RuntimeOptions
+    from nmtkit.generation.model_flags import runtime_options
     from nmtkit.backends.registry import check_combination, describe, engine_class, find_export
     from nmtkit.generation.items import warn_stderr
     from nmtkit.generation.translator import Translator
@@ -274,7 +274,7 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
     if found is not None:  # the pictures read the model's own attention weights
         engine_class(found[1]).require_teacher_forcing(f"--path {opts.path}: attention")
     source = describe([opts.path], opts.data_dir, check_combination([opts.path], opts.data_dir, ema=opts.ema))
-    tr = Translator.open(source, RuntimeOptions(opts.device, opts.precision, opts.threads, opts.ema), warn=warn,
+    tr = Translator.open(source, runtime_options(opts), warn=warn,
                          search=opts.search)
     sentences, layer, heads = collect(opts, tr)
     n_layers = tr.engine.layers(opts.kind)

@@ -209,9 +209,12 @@ class Translator:
     def search_config(self, **overrides) -> SearchConfig:
         """The complete SearchConfig a call runs with: the load-time settings with `overrides`,
         the target dictionary's special ids, and the output limit capped by the models' positions.
-        A setting the engine cannot honour is refused here, in the engine's one line."""
-        cfg = apply_search_settings(self.search, overrides) if overrides else self.search
-        self.engine.check_search(cfg)
+        An override the engine cannot honour is refused here, in the engine's one line (the
+        load-time settings were checked by `open`)."""
+        cfg = self.search
+        if overrides:
+            cfg = apply_search_settings(cfg, overrides)
+            self.engine.check_search(cfg)
         top = self.engine.max_target_tokens
         cap = top if cfg.max_len_cap is None else min(cfg.max_len_cap, top)
         t = self.tgt_dict
