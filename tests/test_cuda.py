@@ -304,20 +304,29 @@ def no_traceback(p: Proc) -> None:
 
 
 def test_fp32_forward_backward_on_cuda_equals_cpu(data_dir):
-    """The same weights and padded batch give the CPU's loss (1e-5 relative) and gradients (each
-    tensor within 1e-4 relative L2 error; only the order of float sums differs), TF32 off."""
+    """The same weights and padded batch give the CPU's loss (1e-5 relative) and gradients: with
+    SDPA's math kernel each gradient tensor is within 1e-4 relative L2 error (only the order of
+    float sums differs), TF32 off. With the fused kernels torch picks by default (for fp32 on an
+    H200: the memory-efficient one), the loss still agrees to 1e-5, but that kernel's backward
+    rounds more: measured 2.0e-3 on decoder_layers.0.ffn.fc1.weight (torch 2.11, CUDA 13), held
+    here under 1e-2 so that a masking error (which moves the loss too) still fails."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     cpu_model = tiny_model(vocab_size(data_dir))
     gpu_model = copy.deepcopy(cpu_model).to(DEVICE)
     assert gpu_model.out_proj.weight is gpu_model.tgt_embed.weight  # the ties moved with the weights
     batch = training_batch(data_dir)  # src (32, S), prev/target (32, T), S and T multiples of 8
     want = loss_and_grads(cpu_model, batch)
-    got = loss_and_grads(gpu_model, batch)
-    assert got.ntokens == want.ntokens
-    assert got.loss == pytest.approx(want.loss, rel=1e-5)
-    assert set(got.grads) == set(want.grads) and len(want.grads) > 10
-    errors = {name: rel_l2(got.grads[name], want.grads[name]) for name in want.grads}
-    worst = max(errors, key=errors.get)
-    assert errors[worst] < 1e-4, f"gradient of {worst}: relative L2 error {errors[worst]:.2e} against the CPU"
+    with sdpa_kernel([SDPBackend.MATH]):
+        exact = loss_and_grads(gpu_model, batch)
+    fused = loss_and_grads(gpu_model, batch)
+    for got, tol, what in ((exact, 1e-4, "math kernel"), (fused, 1e-2, "default kernels")):
+        assert got.ntokens == want.ntokens
+        assert got.loss == pytest.approx(want.loss, rel=1e-5), what
+        assert set(got.grads) == set(want.grads) and len(want.grads) > 10
+        errors = {name: rel_l2(got.grads[name], want.grads[name]) for name in want.grads}
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < tol, f"{what}: gradient of {worst}: relative L2 error {errors[worst]:.2e} against the CPU"
 
 
 # ----------------------------------------------------------------------------------------------
