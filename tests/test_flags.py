@@ -165,6 +165,7 @@ EXPECTED = {
         "--decoding": (None, None),
         "--host": ('127.0.0.1', 'Server'),
         "--port": (8000, 'Server'),
+        "--no-ui": (False, 'Server'),
         "--max-connections": (None, 'Server'),
         "--header-timeout": (10.0, 'Server'),
         "--body-timeout": (30.0, 'Server'),

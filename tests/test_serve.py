@@ -262,7 +262,7 @@ def test_oversized_body_404_and_405(server):
     r = httpx.post(f"{url}/translate", content=chunks(), timeout=60)
     assert r.status_code == 413 and r.json() == {"error": f"the request body exceeds {limit} bytes"}
     r = httpx.get(f"{url}/nope")
-    assert r.status_code == 404 and r.json() == {"error": "no such path /nope (the API has /health, /info and /translate)"}
+    assert r.status_code == 404 and r.json() == {"error": "no such path /nope (the API has /, /health, /info, /translate and /attention)"}
     r = httpx.get(f"{url}/translate")
     assert r.status_code == 405 and r.json() == {"error": "GET is not allowed on /translate"}
     r = httpx.post(f"{url}/health")

@@ -4,6 +4,9 @@
     GET  /info       the model, languages, architecture, checkpoint sha256, defaults and limits
     POST /translate  {"text": ["...", ...], "beam"?, "lenpen"?, "nbest"?, "scores"?}
                      -> 200 {"translations": [...]} in the request's order
+    POST /attention  {"text": "...", "target"?, "layer"?, "head"?} -> one layer's cross-attention
+                     (nmtkit.serving.attention; 501 for an engine without attention weights)
+    GET  /           the page to try the model in a browser (nmtkit.serving.page; not with --no-ui)
 
 Errors are `{"error": "one sentence"}`: 400 for a body that is not the JSON object described
 (or an impossible setting), 408 for a body that does not arrive within --body-timeout (the
@@ -26,6 +29,7 @@ others are not affected; one that goes away while sending its body is one line t
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import sys
@@ -36,6 +40,8 @@ from datetime import datetime
 from typing import Any
 
 from nmtkit.errors import UserError
+from nmtkit.serving.attention import FIELDS as ATTENTION_FIELDS
+from nmtkit.serving.attention import AttentionRequest, attention_call
 from nmtkit.serving.batcher import Batcher, Job, QueueFull
 from nmtkit.serving.logs import printable
 
@@ -97,8 +103,8 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
     return TranslateRequest(sentences, settings, scores)
 
 
-def _json_object(body: bytes) -> dict:
-    """The body as a JSON object with known fields and "text", refused with a 400 that says
+def _json_object(body: bytes, fields: tuple[str, ...] = FIELDS) -> dict:
+    """The body as a JSON object with known `fields` and "text", refused with a 400 that says
     which of these it is not (encoding, syntax, type, field)."""
     try:
         text = body.decode("utf-8")
@@ -116,11 +122,12 @@ def _json_object(body: bytes) -> dict:
         raise RequestError(400, "the request body nests JSON too deeply") from None
     if not isinstance(obj, dict):
         raise RequestError(400, 'the request body must be a JSON object such as {"text": ["a sentence"]}')
-    unknown = sorted(set(obj) - set(FIELDS))
+    unknown = sorted(set(obj) - set(fields))
     if unknown:
-        raise RequestError(400, f"unknown field {json.dumps(unknown[0])} (known: {', '.join(FIELDS)})")
+        raise RequestError(400, f"unknown field {json.dumps(unknown[0])} (known: {', '.join(fields)})")
     if "text" not in obj:
-        raise RequestError(400, 'missing field "text": a list of sentences (strings)')
+        what = "a list of sentences (strings)" if fields == FIELDS else "one sentence (a string)"
+        raise RequestError(400, f'missing field "text": {what}')
     return obj
 
 
@@ -132,19 +139,49 @@ def _sentences(obj: dict, limits: Limits) -> list[str]:
         got = "one string (wrap it in a list)" if isinstance(sentences, str) else json.dumps(sentences)[:40]
         raise RequestError(400, f'"text" must be a list of strings, got {got}')
     for i, s in enumerate(sentences):
-        if not isinstance(s, str):
-            raise RequestError(400, f'"text"[{i}] must be a string, got {json.dumps(s)[:40]}')
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError as e:  # JSON's "\ud800" escape alone: no character
-            raise RequestError(400, f'"text"[{i}] holds a lone surrogate ({json.dumps(s[e.start])}), '
-                                    "not a Unicode character") from None
+        _check_string(f'"text"[{i}]', s)
     if len(sentences) > limits.max_request_sentences:
         raise RequestError(413, f"{len(sentences)} sentences in one request; at most {limits.max_request_sentences}")
     for i, s in enumerate(sentences):
-        if len(s) > limits.max_sentence_chars:
-            raise RequestError(413, f'"text"[{i}] has {len(s)} characters; at most {limits.max_sentence_chars}')
+        _check_length(f'"text"[{i}]', s, limits)
     return sentences
+
+
+def _check_string(label: str, s: Any) -> None:
+    """400 unless `s` is a string of Unicode text."""
+    if not isinstance(s, str):
+        raise RequestError(400, f'{label} must be a string, got {json.dumps(s)[:40]}')
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON's "\ud800" escape alone: no character
+        raise RequestError(400, f'{label} holds a lone surrogate ({json.dumps(s[e.start])}), '
+                                "not a Unicode character") from None
+
+
+def _check_length(label: str, s: str, limits: Limits) -> None:
+    """413 beyond the server's sentence length."""
+    if len(s) > limits.max_sentence_chars:
+        raise RequestError(413, f'{label} has {len(s)} characters; at most {limits.max_sentence_chars}')
+
+
+def parse_attention_request(body: bytes, limits: Limits) -> AttentionRequest:
+    """The request of a /attention body (nmtkit.serving.attention), or RequestError (400 / 413)
+    saying what is wrong: the text and target are checked as /translate's sentences are."""
+    obj = _json_object(body, ATTENTION_FIELDS)
+    texts = {}
+    for name in ("text", "target"):
+        v = obj.get(name)
+        if name == "target" and v is None:
+            continue
+        _check_string(f'"{name}"', v)
+        _check_length(f'"{name}"', v, limits)
+        texts[name] = v
+    layer, head = obj.get("layer", -1), obj.get("head")
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise RequestError(400, f'"layer" must be an integer, got {json.dumps(layer)[:40]}')
+    if head is not None and (isinstance(head, bool) or not isinstance(head, int)):
+        raise RequestError(400, f'"head" must be an integer or null (the mean of the heads), got {json.dumps(head)[:40]}')
+    return AttentionRequest(texts["text"], texts.get("target"), layer, head)
 
 
 def _search_settings(obj: dict, limits: Limits, defaults) -> dict:
@@ -204,6 +241,7 @@ class ServerState:
     body_timeout: float = 30.0  # seconds a request's body may take to arrive (--body-timeout)
     batcher: Batcher | None = None
     info: dict = field(default_factory=dict)
+    ui: bool = True  # GET / serves the page (nmtkit.serving.page); --no-ui turns it off
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
     @property
@@ -295,21 +333,66 @@ def build_app(state: ServerState, lifespan=None):
             return JSONResponse({"error": "the client went away"}, status_code=499)
 
     async def http_error(request, exc):
-        msg = {404: f"no such path {request.url.path} (the API has /health, /info and /translate)",
+        paths = ("/, " if state.ui else "") + "/health, /info, /translate and /attention"
+        msg = {404: f"no such path {request.url.path} (the API has {paths})",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
         return _error(exc.status_code, msg, getattr(exc, "headers", None))
-
-    async def server_error(request, exc):
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
         Route("/translate", translate, methods=["POST"]),
-    ]
+        Route("/attention", functools.partial(_attention, state), methods=["POST"]),
+    ] + ([Route("/", _home, methods=["GET"])] if state.ui else [])
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: server_error})
+                    exception_handlers={HTTPException: http_error, Exception: _server_error})
     return RequestLog(app, state.log)
+
+
+async def _home(request):
+    """GET /: the page (nmtkit.serving.page)."""
+    from starlette.responses import Response
+
+    from nmtkit.serving.page import page
+
+    p = page()
+    return Response(p.body, media_type="text/html; charset=utf-8", headers=p.headers)
+
+
+async def _server_error(request, exc):
+    return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _attention(state: ServerState, request):
+    """POST /attention (nmtkit.serving.attention)."""
+    from starlette.responses import JSONResponse
+
+    scope_state = request.scope.setdefault("nmtkit", {})
+    try:
+        if not state.ready:
+            raise RequestError(503, "the model is still loading", {"Retry-After": RETRY_AFTER})
+        body = await _read_body(request, state.limits.max_body_bytes, state.body_timeout)
+        req = parse_attention_request(body, state.limits)
+        scope_state["sentences"] = 1
+        if not state.info.get("attention"):
+            raise RequestError(501, f"this model runs on {state.info['model']['runtime']}, "
+                                    "which gives no attention weights; serve the nmtkit checkpoint")
+        try:
+            job = state.batcher.submit_call(attention_call(req))
+        except QueueFull as e:
+            raise RequestError(503, str(e), {"Retry-After": RETRY_AFTER}) from None
+        try:
+            answer = await _wait(request, state.batcher, job, scope_state)
+        except UserError as e:  # an empty sentence, a layer or head out of range, ...
+            raise RequestError(400, str(e)) from None
+        if answer is None:
+            return JSONResponse({"error": "the client went away"}, status_code=499)
+        return JSONResponse(answer)
+    except RequestError as e:
+        return _error(e.status, e.message, e.headers)
+    except ClientGone:
+        scope_state["gone"] = "while sending its request"
+        return JSONResponse({"error": "the client went away"}, status_code=499)
 
 
 async def _wait(request, batcher: Batcher, job: Job, scope_state: dict):

@@ -48,6 +48,7 @@ class Job:
     arrived: float  # time.monotonic() when submitted
     future: Future = field(default_factory=Future)  # -> list[list[Translation]], one list per sentence
     batch_sentences: int = 0  # set when it runs: the sentences searched in its batch (its own included)
+    call: Callable[[Any], Any] | None = None  # a job of its own: call(translator) instead of a translation
 
 
 @dataclass
@@ -95,7 +96,9 @@ class Batcher:
         Raises QueueFull when its sentences do not fit in the queue, or after `close()`.
         """
         settings = dict(settings or {})
-        job = Job(list(sentences), settings, self.key(settings), time.monotonic())
+        return self._enqueue(Job(list(sentences), settings, self.key(settings), time.monotonic()))
+
+    def _enqueue(self, job: Job) -> Job:
         with self._cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
@@ -105,6 +108,13 @@ class Batcher:
             self._queued += len(job.sentences)
             self._cond.notify()
         return job
+
+    def submit_call(self, call: Callable[[Any], Any], sentences: int = 1) -> Job:
+        """Queue `call(translator)` (an attention pass, say), run on the worker thread between
+        batches and never batched with others; its `future` gets what it returns. `sentences`
+        is what it counts for in the queue's limit. Raises QueueFull as `submit` does."""
+        job = Job([""] * sentences, {}, object(), time.monotonic(), call=call)
+        return self._enqueue(job)
 
     def cancel(self, job: Job) -> bool:
         """Drop a request whose client went away. True if it had not started (it is removed from
@@ -179,6 +189,9 @@ class Batcher:
                 self._run(jobs)
 
     def _run(self, jobs: list[Job]) -> None:
+        if jobs[0].call is not None:  # alone: its key is its own
+            self._call(jobs[0])
+            return
         sentences = [s for j in jobs for s in j.sentences]
         t0 = time.perf_counter()
         try:
@@ -202,3 +215,14 @@ class Batcher:
             i += len(j.sentences)
         if self.on_batch is not None:
             self.on_batch(BatchRecord(len(jobs), len(sentences), seconds))
+
+    def _call(self, job: Job) -> None:
+        try:
+            result = job.call(self.translator)
+        except Exception as e:  # noqa: BLE001 - reaches its request only
+            job.future.set_exception(e)
+            return
+        except BaseException as e:
+            job.future.set_exception(e)
+            raise
+        job.future.set_result(result)

@@ -32,6 +32,7 @@ class ServeOptions:
     decoding: str | None = same_setting(GenerateOptions, "decoding")
     host: str = setting("127.0.0.1", flag="--host", panel=SERVER, help="Address to listen on (0.0.0.0: every interface).")
     port: int = setting(8000, flag="--port", panel=SERVER, help="TCP port (0: any free port; the log says which).")
+    no_ui: bool = setting(False, flag="--no-ui", panel=SERVER, help="Serve the JSON API only: no page at / to try the model in a browser.")
     max_connections: int | None = setting(None, flag="--max-connections", panel=SERVER, help="Connections open at once at most (default: the open-file limit less an eighth, at most 1000); when full, the one waiting longest for its request is closed, or the new one gets 503.")
     header_timeout: float = setting(10.0, flag="--header-timeout", panel=SERVER, help="Seconds a connection may take to send its request's headers (408, then closed).")
     body_timeout: float = setting(30.0, flag="--body-timeout", panel=SERVER, help="Seconds a request's body may take to arrive (408, then closed); also how long an unread answer may wait.")

@@ -152,6 +152,8 @@ def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) 
                   "architecture": tr.engine.architectures(), "runtime": tr.engine.name},
         "source_lang": tr.src_lang, "target_lang": tr.tgt_lang, "task": tr.task,
         "device": str(tr.device), "precision": opts.precision,
+        "data": data_description(getattr(tr, "model_source", None)),
+        "attention": bool(getattr(tr.engine, "teacher_forcing", False)),
         "defaults": {name: getattr(tr.search, name) for name in SEARCH_SETTINGS},
         "limits": {"max_request_sentences": limits.max_request_sentences,
                    "max_sentence_chars": limits.max_sentence_chars, "max_beam": limits.max_beam,
@@ -159,6 +161,15 @@ def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) 
         "batching": {"max_batch_sentences": opts.max_batch_sentences, "max_batch_tokens": opts.max_batch_tokens,
                      "max_wait_ms": opts.max_wait_ms, "max_queue": opts.max_queue},
     }
+
+
+def data_description(source: Any) -> str:
+    """What /info says of the training data: the data directory's name (or the export's) and its
+    training pairs when the manifest counts them, e.g. "data-bin (29,000 training pairs)"."""
+    manifest = getattr(source, "manifest", None) or {}
+    pairs = (manifest.get("splits") or {}).get("train", {}).get("sentences")
+    name = model_name(source.folder) if getattr(source, "folder", None) else "not known"
+    return f"{name} ({pairs:,} training pairs)" if isinstance(pairs, int) else name
 
 
 def _log_stderr(line: str) -> None:
@@ -175,7 +186,7 @@ class Server:
         self.load = load or load_translator
         self.log = lambda line: log(printable(line))
         self.limits = Limits(opts.max_request_sentences, opts.max_sentence_chars, opts.max_beam)
-        self.state = ServerState(self.limits, body_timeout=opts.body_timeout, log=self.log)
+        self.state = ServerState(self.limits, body_timeout=opts.body_timeout, ui=not opts.no_ui, log=self.log)
         self.max_connections = connection_limit(opts.max_connections)
         self.notes = Notes(self.log)
         self.error: BaseException | None = None
