@@ -31,6 +31,7 @@ pytest.importorskip("uvicorn")
 from nmtkit.search.beam import SearchConfig  # noqa: E402
 from nmtkit.serving.options import ServeOptions  # noqa: E402
 from tests.test_generate import setup  # noqa: E402, F401 - fixture
+from tests.test_export import wm  # noqa: E402, F401 - fixture
 from tests.test_serve import POOL, options, running, want  # noqa: E402, F401 - fixture
 
 
@@ -277,4 +278,27 @@ def test_markup_in_a_translation_is_shown_as_text_and_runs_nothing(browser, tmp_
                                       "#translations script').length") == 0
         note = browser.find_element("id", "attention-note")
         assert note.is_displayed() and "identity, which does not give them" in note.text
+        assert not browser.find_element("id", "attention-panel").is_displayed()
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_page_on_a_ctranslate2_export_translates_and_hides_the_attention_panel(browser, wm):  # noqa: F811
+    pytest.importorskip("ctranslate2")
+    from nmtkit import Translator
+    from tests.test_export import export_dir, sentences
+
+    out = export_dir(wm, "post")
+    texts = [t for t in sentences(6, 3) if t.strip()]
+    want = Translator.load(str(out), threads=1).translate(texts)
+    opts = ServeOptions.from_flags({  # the command line's defaults on an export: its engine's decoding
+        **{k: getattr(ServeOptions(paths=[str(out)]), k) for k in ServeOptions.__dataclass_fields__},
+        "paths": [str(out)], "data_dir": None, "port": 0, "threads": 1, "max_wait_ms": 0.0,
+        "search": {**SearchConfig().__dict__, "lenpen_form": None, "max_len_b": None, "early_stop": None},
+    })
+    with running(opts) as (url, _, _):
+        assert translate_on_page(browser, url, "\n".join(texts)) == want
+        assert "ctranslate2" in browser.find_element("id", "model").text
+        note = browser.find_element("id", "attention-note")
+        assert note.is_displayed() and "runs on ctranslate2, which does not give them" in note.text
         assert not browser.find_element("id", "attention-panel").is_displayed()
