@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 from nmtkit.errors import UserError
@@ -55,6 +54,19 @@ def _data_lines(m: dict) -> tuple[str, str]:
     return (f"{parent}/{name}" if parent else name), size
 
 
+def export_command(opts) -> str:
+    """The `nmtkit export` command line of `opts` (the flags that shape the result)."""
+    args = ["nmtkit", "export", opts.data_dir, "--path", opts.path, "--format", opts.format,
+            "--output", opts.output]
+    if opts.quantization != "float32":
+        args += ["--quantization", opts.quantization]
+    if opts.ema:
+        args.append("--ema")
+    if opts.score_file:
+        args += ["--score-file", opts.score_file]
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
 def _front_matter(ctx, bleu) -> list[str]:
     src, tgt = ctx.manifest["source_lang"], ctx.manifest["target_lang"]
     out = ["---", "language:", f"- {src}", f"- {tgt}", "library_name: transformers", "pipeline_tag: translation",
@@ -75,7 +87,7 @@ def model_card(ctx) -> str:
     src, tgt = m["source_lang"], m["target_lang"]
     bleu = read_score(ctx.opts.score_file) if ctx.opts.score_file else None
     data_name, data_size = _data_lines(m)
-    command = "nmtkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if ctx.command is None else ctx.command
+    command = export_command(ctx.opts) if ctx.command is None else ctx.command
     lines = _front_matter(ctx, bleu) + [
         f"# {src} -> {tgt} Transformer (nmtkit, MarianMT format)", "",
         f"A post-norm Transformer ({cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
@@ -91,10 +103,12 @@ def model_card(ctx) -> str:
     ]
     if bleu is not None:
         lines.append(f"- BLEU: {bleu[0]:.2f} (sacreBLEU {bleu[1]}" + (f", {bleu[2]} lines" if bleu[2] else "") + ")")
-    lines += ["", "## Use", "", "```python", "from transformers import pipeline", "",
-              'translate = pipeline("translation", model="PATH")',
-              'translate(["..."], num_beams=4, length_penalty=0.6, early_stopping=True)', "```", "",
-              "The search settings in generation_config.json are nmtkit's defaults with fairseq's length penalty "
-              "and stopping rule (`nmtkit generate --decoding fairseq`); nmtkit's per-sentence output limit "
-              "(source length + 50 tokens) is `max_new_tokens` in transformers.", ""]
+    lines += ["", "## Use", "", "```python", "from transformers import MarianMTModel, MarianTokenizer", "",
+              'tok = MarianTokenizer.from_pretrained("PATH")', 'model = MarianMTModel.from_pretrained("PATH")', "",
+              "def translate(line):", '    ids = tok(line, return_tensors="pt").input_ids',
+              "    out = model.generate(ids, max_new_tokens=ids.shape[1] - 1 + 50 + 1)  # source tokens + 50, then </s>",
+              "    return tok.decode(out[0], skip_special_tokens=True)", "```", "",
+              "generation_config.json holds nmtkit's search defaults (beam 4, length penalty 0.6) with fairseq's "
+              "length penalty and stopping rule: this gives the lines of `nmtkit generate --decoding fairseq`, "
+              "except where a hypothesis reaches the output limit (docs/export.md of nmtkit).", ""]
     return "\n".join(lines)
