@@ -331,6 +331,19 @@ def test_import_refusals(marian, tmp_path, run_cli):
         r = run_cli("import-hf", str(d), "--output", str(tmp_path / f"{d.name}.pt"), "--data-dir", str(tmp_path / f"{d.name}-data"))
         assert message in _one_line_error(r), (d.name, r.err)
         assert not (tmp_path / f"{d.name}.pt").exists() and not (tmp_path / f"{d.name}-data").exists()
+    r = run_cli("import-hf", str(marian["dir"]), "-o", str(tmp_path / "m.pt"), "--data-dir", str(tmp_path / "data"))
+    assert r.code == 0
+    r = run_cli("import-hf", str(marian["dir"]), "-o", str(tmp_path / "m.pt"), "--data-dir", str(tmp_path / "data"))
+    assert "--output" in _one_line_error(r) and "checkpoint" in r.err  # an earlier import needs --force
+    r = run_cli("import-hf", str(marian["dir"]), "-o", str(tmp_path / "m2.pt"), "--data-dir", str(tmp_path / "data"))
+    assert "--data-dir" in _one_line_error(r) and "--force" in r.err
+    r = run_cli("import-hf", str(marian["dir"]), "-o", str(tmp_path / "m.pt"), "--data-dir", str(tmp_path / "data"), "--force")
+    assert r.code == 0, r.err
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("safetensors", "safetensors.torch"):
+            mp.setitem(__import__("sys").modules, name, None)
+        r = run_cli("import-hf", str(marian["dir"]), "-o", str(tmp_path / "m3.pt"), "--data-dir", str(tmp_path / "d3"))
+    assert "pip install 'nmtkit[hf]'" in _one_line_error(r)
 
 
 def _add_tensor(d: Path, name: str) -> None:

@@ -86,10 +86,13 @@ def _json(path: Path, what: str):
 def _weights(d: Path) -> dict[str, torch.Tensor]:
     """The folder's tensors, loaded without executing anything."""
     st, pt = d / "model.safetensors", d / "pytorch_model.bin"
+    if st.is_file():
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise UserError(f"{st}: reading it needs safetensors: pip install 'nmtkit[hf]'") from None
     try:
         if st.is_file():
-            from safetensors.torch import load_file
-
             return load_file(str(st))
         if pt.is_file():
             return torch.load(pt, map_location="cpu", weights_only=True)
