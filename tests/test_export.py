@@ -451,11 +451,11 @@ def test_a_setting_the_conversion_does_not_know_is_refused():
     from nmtkit.models.registry import ArchConfig
 
     fields = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(ArchConfig)]
-    Later = dataclasses.make_dataclass("Later", [*fields, ("activation", str, dataclasses.field(default="relu"))],
+    Later = dataclasses.make_dataclass("Later", [*fields, ("position_kind", str, dataclasses.field(default="sinusoid"))],
                                        frozen=True)
     check_representable(Later())  # its default: the model is what the conversion writes
-    with pytest.raises(UserError, match=r"^--activation gelu: the CTranslate2 export does not represent"):
-        check_representable(Later(activation="gelu"))
+    with pytest.raises(UserError, match=r"^--position-kind rotary: the CTranslate2 export does not represent"):
+        check_representable(Later(position_kind="rotary"))
 
 
 # ------------------------------------------------------------------------ refusals

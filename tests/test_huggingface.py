@@ -294,6 +294,23 @@ def test_a_marian_made_by_transformers_imports_and_searches_as_transformers(mari
     assert len({tuple(g) for g in got}) > 80  # guard: outputs depend on the input
 
 
+def test_an_imported_marian_exports_to_ctranslate2(marian, run_cli):
+    """The imported model (swish, attention biases, separate vocabularies) exports to CTranslate2,
+    whose greedy search gives the checkpoint's hypotheses."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'nmtkit[ctranslate2]'")
+    from nmtkit import Translator
+
+    root = marian["root"]
+    if not (root / "m.pt").exists():
+        assert run_cli("import-hf", str(marian["dir"]), "-o", str(root / "m.pt"), "--data-dir", str(root / "data")).code == 0
+    r = run_cli("export", str(root / "data"), "--path", str(root / "m.pt"), "--output", str(root / "ct2"))
+    assert r.code == 0, r.err
+    texts = sentences(60, 5)
+    native = Translator.load(root / "m.pt", root / "data", **QUIET, beam=1, max_len_b=LIMIT_B)
+    ct2 = Translator.load(root / "ct2", **QUIET, beam=1, max_len_b=LIMIT_B)
+    assert native.translate(texts) == ct2.translate(texts)
+
+
 def _one_line_error(r) -> str:
     assert r.code == 2, (r.code, r.out, r.err)
     lines = [line for line in r.err.splitlines() if line.strip()]
