@@ -292,6 +292,23 @@ def test_a_marian_made_by_transformers_imports_and_searches_as_transformers(mari
     inv = {i: t for t, i in tok.target_encoder.items()}
     assert [[inv[i] for i in g] for g in got] == [[native.tgt_dict[i] for i in w[0].hypothesis.tokens] for w in want]
     assert len({tuple(g) for g in got}) > 80  # guard: outputs depend on the input
+    # teacher forcing: nmtkit's log-probabilities and attention weights are transformers'
+    model.config._attn_implementation = "eager"  # the path that returns attention weights
+    for text, w, g in list(zip(texts, want, got))[:4]:
+        src = torch.tensor([tok(text).input_ids])
+        dec = torch.tensor([[model.config.decoder_start_token_id, *g]])
+        with torch.inference_mode():
+            out = model(input_ids=src, decoder_input_ids=dec, output_attentions=True)
+        # OPUS-MT decodes from <pad>: nmtkit's <s> row is a copy of that row, which its softmax
+        # therefore counts twice (docs/export.md)
+        logits = out.logits[0].double()
+        pad = logits[:, model.config.pad_token_id : model.config.pad_token_id + 1]
+        lp = logits - torch.logsumexp(torch.cat([logits, pad], -1), -1, keepdim=True)
+        gold = [*g, model.config.eos_token_id]
+        assert abs(float(lp[range(len(gold)), gold].sum()) - w[0].hypothesis.logprob) < 1e-4
+        att = native.attention(text, beam=1, max_len_b=LIMIT_B)
+        hf_cross = torch.stack(out.cross_attentions)[:, 0].numpy()  # (layers, heads, T, S)
+        assert att.cross.shape == hf_cross.shape and abs(att.cross - hf_cross).max() < 1e-4
 
 
 def test_an_imported_marian_exports_to_ctranslate2(marian, run_cli):

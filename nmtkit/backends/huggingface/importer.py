@@ -8,8 +8,9 @@ when `tokenizer_config.json` says `separate_vocabs`), `source.spm` and `target.s
 The mapping: the weights through `mapping.from_marian` (the inverse permutation of the model
 dimension), the vocabulary reordered to nmtkit's fixed special ids: nmtkit's <pad>, <s>, </s>,
 <unk> (ids 0-3) take MarianMT's `pad_token_id`, `decoder_start_token_id` (OPUS-MT starts from
-<pad>, so both rows are that one), `eos_token_id` and <unk>, and every other id follows in
-MarianMT's order. The data directory holds the two dictionaries (counts 0: the training counts
+<pad>, so both rows are that one: the target softmax then counts it twice, which changes no
+hypothesis, as both are banned, and log-probabilities by log(1 + p(<pad>)), nothing on a trained
+model), `eos_token_id` and <unk>, and every other id follows in MarianMT's order. The data directory holds the two dictionaries (counts 0: the training counts
 are unknown), the sentencepiece model(s) and a manifest without splits: `nmtkit preprocess
 --srcdict DIR --tgtdict DIR` binarizes new text with them for scoring or fine-tuning.
 
