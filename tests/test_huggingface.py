@@ -51,7 +51,6 @@ def make_task(root: Path, updates: int = 120, **arch) -> dict:
 NATIVE = dict(lenpen_form="fairseq", early_stop="beam")  # the rules transformers' beam search has
 QUIET = dict(threads=1, warn=lambda msg: None)
 LIMIT_B = 10  # --max-len-b of the comparisons: short outputs keep them cheap, and some reach it
-transformers.logging.set_verbosity_error()  # not its note that max_new_tokens overrides max_length
 
 
 def sentences(n: int, seed: int) -> list[str]:

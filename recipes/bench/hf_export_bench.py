@@ -75,12 +75,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import MarianMTModel, MarianTokenizer
-    from transformers.utils import logging as hf_logging
 
     from nmtkit import Translator
     from nmtkit.backends.export import ExportOptions, export
 
-    hf_logging.set_verbosity_error()
     out = Path(args.work) / "hf"
     export(ExportOptions(data_dir=args.data, path=args.ckpt, output=str(out), format="huggingface", force=True))
     texts = read(args.src)

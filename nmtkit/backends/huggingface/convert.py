@@ -90,13 +90,14 @@ def marian_config(cfg, src_size: int, tgt_size: int) -> dict:
     }
 
 
-def generation_config(max_length: int, beam: int = 4, lenpen: float = 0.6) -> dict:
+def generation_config(positions: int, beam: int = 4, lenpen: float = 0.6) -> dict:
     """nmtkit's search defaults as transformers' GenerationConfig fields (`--decoding fairseq`).
-    `max_length`: the model's own limit (nmtkit's per-sentence one, source length + 50, has no
-    equivalent in a config: callers pass `max_new_tokens`)."""
+    `max_new_tokens`: what the model's `positions` allow after the start token (nmtkit's
+    per-sentence limit, source length + 50, has no equivalent in a config: callers pass their
+    own `max_new_tokens`, which then replaces this one without a warning)."""
     return {"decoder_start_token_id": 1, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
             "forced_eos_token_id": 2, "suppress_tokens": [0, 1], "num_beams": beam,
-            "length_penalty": lenpen, "early_stopping": True, "max_length": max_length, "renormalize_logits": False}
+            "length_penalty": lenpen, "early_stopping": True, "max_new_tokens": positions - 1, "renormalize_logits": False}
 
 
 def prepare(model, src_tokens: list[str], tgt_tokens: list[str]):
