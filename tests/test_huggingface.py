@@ -405,6 +405,17 @@ def test_export_refusals(task, tmp_path, run_cli, monkeypatch):
     assert "no BLEU line" in _one_line_error(r)
     r = run_cli("generate", "--path", str(task["hf"]), "--input", "-")
     assert "huggingface export" in _one_line_error(r) and "import-hf" in r.err
+    r = run_cli(*base, "--path", str(task["ckpt"]), "--output", str(tmp_path / "b"), "--score-file", str(tmp_path / "no.txt"))
+    assert "--score-file" in _one_line_error(r) and "not found" in r.err
+    r = run_cli("export", str(task["data"]), "--path", str(task["ckpt"]), "--output", str(tmp_path / "b"),
+                "--score-file", str(tmp_path / "s.txt"))
+    assert "the ctranslate2 export has no model card" in _one_line_error(r)
+    from nmtkit.backends.huggingface.convert import check_data
+    from nmtkit.errors import UserError
+
+    for kind, files in (("subword-nmt", {"de": "bpe.codes", "en": "bpe.codes"}), ("none", {"de": None, "en": None})):
+        with pytest.raises(UserError, match=r"^the de side uses .*MarianTokenizer .* reads sentencepiece models only"):
+            check_data({"source_lang": "de", "target_lang": "en", "subword": {"kind": kind, "files": files}})
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)
     r = run_cli(*base, "--path", str(task["ckpt"]), "--output", str(tmp_path / "c"))
     assert "pip install 'nmtkit[hf]'" in _one_line_error(r)

@@ -51,6 +51,8 @@ class ExportOptions:
         convert = format_module(self.format, "convert")
         if self.score_file is not None and not getattr(convert, "TAKES_SCORE_FILE", False):
             raise UserError(f"--score-file: the {self.format} export has no model card; drop it")
+        if self.score_file is not None and not Path(self.score_file).is_file():
+            raise UserError(f"--score-file {self.score_file}: not found (give the output of nmtkit score)")
         quantizations = convert.QUANTIZATIONS
         if self.quantization not in quantizations:
             raise UserError(f"--quantization must be one of {', '.join(quantizations)}, got {self.quantization!r}")

@@ -67,8 +67,9 @@ def check_data(manifest: dict) -> None:
     for lang in (manifest["source_lang"], manifest["target_lang"]):
         kind = manifest["subword"].get("kinds", {}).get(lang, manifest["subword"].get("kind"))
         if kind != "sentencepiece" or manifest["subword"]["files"].get(lang) is None:
-            raise UserError(f"the {lang} side uses {kind or 'no subword model'}: MarianTokenizer (the Hugging Face "
-                            "export) reads sentencepiece models only; preprocess with --bpe sentencepiece")
+            what = "no subword model (--bpe none)" if kind in (None, "none") else kind
+            raise UserError(f"the {lang} side uses {what}: MarianTokenizer (the Hugging Face export) reads "
+                            "sentencepiece models only; preprocess with --bpe sentencepiece")
 
 
 def marian_config(cfg, src_size: int, tgt_size: int) -> dict:

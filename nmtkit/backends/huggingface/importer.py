@@ -38,7 +38,8 @@ from nmtkit.errors import UserError
 from nmtkit.settings import setting
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
-# MarianConfig flags that would add what nmtkit's model does not have (value that is refused)
+# MarianConfig flags that would add what nmtkit's model does not have (the value refused; a flag
+# missing from config.json has MarianConfig's default: scale_embedding's is false)
 _REFUSED_FLAGS = {
     "normalize_before": (True, "pre-norm (normalize_before)"),
     "encoder_normalize_before": (True, "pre-norm (encoder_normalize_before)"),
@@ -159,7 +160,7 @@ def read_folder(opts: ImportOptions) -> Folder:
 def check_config(config: dict, where: Path) -> None:
     """Refuse a MarianConfig whose model nmtkit's Transformer cannot compute, naming the field."""
     for key, (bad, what) in _REFUSED_FLAGS.items():
-        if config.get(key, not bad) == bad:
+        if config.get(key, False if key == "scale_embedding" else not bad) == bad:
             raise UserError(f"{where}: {what} is not supported by nmtkit's post-norm Transformer")
     act = config.get("activation_function", "gelu")
     if act not in ACTIVATIONS:
