@@ -94,7 +94,7 @@ def model_card(ctx) -> str:
         f"d_ff {cfg.d_ff}, {cfg.heads} heads, {cfg.activation}) trained with nmtkit {m.get('nmtkit_version', '?')}, "
         f"exported with nmtkit {__version__}.", "",
         f"- training data: {data_name}, {data_size}",
-        f"- updates: {meta.get('update')}" + (f" (average of {len(meta['averaged_from'])} checkpoints)"
+        f"- updates: {meta.get('update') if meta.get('update') is not None else 'not recorded (an imported model)'}" + (f" (average of {len(meta['averaged_from'])} checkpoints)"
                                               if meta.get("averaged_from") else "")
         + (", EMA weights" if ctx.opts.ema else ""),
         f"- subword model: sentencepiece ({m['subword'].get('vocab_size', '?')} pieces"
