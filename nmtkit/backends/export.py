@@ -7,7 +7,9 @@ Steps, each refusing bad input before any work is written:
 2. the data directory's manifest and dictionaries, and the checkpoint through the one loader
    (`nmtkit.models.loading.load_models`: dictionary and language checks, `--ema` weights);
 3. the format's conversion (`nmtkit.backends.FORMAT.convert`: `prepare`, then `write`),
-   which refuses an architecture it cannot represent in one line naming the setting;
+   which refuses an architecture it cannot represent in one line naming the setting (a format
+   may also refuse the data directory first, `check_data`, and add files from it after writing,
+   `write_extras`: the Hugging Face tokenizer files and model card);
 4. the data directory's dictionaries and subword model(s) copied beside it, and `nmtkit.json`
    written last, all in a temporary folder renamed to --output at the end
    (`nmtkit.backends.directory`).
@@ -68,7 +70,7 @@ class ExportContext:
     manifest: dict
     meta: dict  # the checkpoint's (`_checkpoint_meta`)
     cfg: object  # its ArchConfig
-    command: str | None = None  # the command line for the card (None: this process's)
+    command: str | None = None  # the command line for the card (None: rebuilt from `opts`)
 
 
 @dataclass
