@@ -451,11 +451,11 @@ def test_a_setting_the_conversion_does_not_know_is_refused():
     from nmtkit.models.registry import ArchConfig
 
     fields = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(ArchConfig)]
-    Later = dataclasses.make_dataclass("Later", [*fields, ("activation", str, dataclasses.field(default="relu"))],
+    Later = dataclasses.make_dataclass("Later", [*fields, ("position_kind", str, dataclasses.field(default="sinusoid"))],
                                        frozen=True)
     check_representable(Later())  # its default: the model is what the conversion writes
-    with pytest.raises(UserError, match=r"^--activation gelu: the CTranslate2 export does not represent"):
-        check_representable(Later(activation="gelu"))
+    with pytest.raises(UserError, match=r"^--position-kind rotary: the CTranslate2 export does not represent"):
+        check_representable(Later(position_kind="rotary"))
 
 
 # ------------------------------------------------------------------------ refusals
@@ -466,7 +466,7 @@ def test_export_refusals(wm, tmp_path, run_cli, monkeypatch):
     out = tmp_path / "out"
     for args, message in [
         (["--quantization", "int4"], "--quantization must be one of float32, int8"),
-        (["--format", "onnx"], "--format must be one of ctranslate2, got 'onnx'"),
+        (["--format", "onnx"], "--format must be one of ctranslate2, huggingface, got 'onnx'"),
     ]:
         r = run_cli("export", data, "--path", ckpt, "--output", out, *args)
         assert r.code == 2 and message in r.err and "Traceback" not in r.err, r

@@ -258,6 +258,7 @@ EXPECTED = {
         "--quantization": ('float32', None),
         "--ema": (False, None),
         "--force": (False, None),
+        "--score-file": (None, None),
     },
     "score": {
         "--ref -r": (..., None),

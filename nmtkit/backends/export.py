@@ -7,7 +7,9 @@ Steps, each refusing bad input before any work is written:
 2. the data directory's manifest and dictionaries, and the checkpoint through the one loader
    (`nmtkit.models.loading.load_models`: dictionary and language checks, `--ema` weights);
 3. the format's conversion (`nmtkit.backends.FORMAT.convert`: `prepare`, then `write`),
-   which refuses an architecture it cannot represent in one line naming the setting;
+   which refuses an architecture it cannot represent in one line naming the setting (a format
+   may also refuse the data directory first, `check_data`, and add files from it after writing,
+   `write_extras`: the Hugging Face tokenizer files and model card);
 4. the data directory's dictionaries and subword model(s) copied beside it, and `nmtkit.json`
    written last, all in a temporary folder renamed to --output at the end
    (`nmtkit.backends.directory`).
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nmtkit.backends.registry import FORMATS, format_module
+from nmtkit.backends.registry import EXPORT_ONLY, FORMATS, format_module
 from nmtkit.errors import UserError
 from nmtkit.settings import setting
 
@@ -37,18 +39,38 @@ class ExportOptions:
     data_dir: str = setting(flag="data_dir", argument=True, help="The data directory the checkpoint was trained with (dictionaries, subword model).")
     path: str = setting(flag="--path", help="Checkpoint to export (an averaged one works as is).")
     output: str = setting(flag="--output", aliases=("-o",), help="The directory to create (atomically).")
-    format: str = setting(next(iter(FORMATS)), flag="--format", help=f"Runtime to export for: {', '.join(FORMATS)}.")
+    format: str = setting(next(iter(FORMATS)), flag="--format", help=f"Runtime to export for: {', '.join([*FORMATS, *EXPORT_ONLY])}.")
     quantization: str = setting("float32", flag="--quantization", help="Weight type: float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16.")
     ema: bool = setting(False, flag="--ema", help="Export the checkpoint's EMA weights instead of the raw weights.")
     force: bool = setting(False, flag="--force", help="Replace --output if it is an earlier export.")
+    score_file: str | None = setting(None, flag="--score-file", help="huggingface: the output of nmtkit score, whose BLEU and sacreBLEU signature the model card reports.")
 
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting."""
-        if self.format not in FORMATS:
-            raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        quantizations = format_module(self.format, "convert").QUANTIZATIONS
+        formats = [*FORMATS, *EXPORT_ONLY]
+        if self.format not in formats:
+            raise UserError(f"--format must be one of {', '.join(formats)}, got {self.format!r}")
+        convert = format_module(self.format, "convert")
+        if self.score_file is not None and not getattr(convert, "TAKES_SCORE_FILE", False):
+            raise UserError(f"--score-file: the {self.format} export has no model card; drop it")
+        if self.score_file is not None and not Path(self.score_file).is_file():
+            raise UserError(f"--score-file {self.score_file}: not found (give the output of nmtkit score)")
+        quantizations = convert.QUANTIZATIONS
         if self.quantization not in quantizations:
             raise UserError(f"--quantization must be one of {', '.join(quantizations)}, got {self.quantization!r}")
+
+
+@dataclass
+class ExportContext:
+    """What a format's optional `write_extras(folder, ctx)` may draw on besides the weights (the
+    Hugging Face export's tokenizer files and model card)."""
+
+    opts: ExportOptions
+    data_dir: str
+    manifest: dict
+    meta: dict  # the checkpoint's (`_checkpoint_meta`)
+    cfg: object  # its ArchConfig
+    command: str | None = None  # the command line for the card (None: rebuilt from `opts`)
 
 
 @dataclass
@@ -130,6 +152,8 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
 
     say("loading the data directory and the checkpoint")
     manifest = load_manifest(opts.data_dir)
+    if hasattr(convert, "check_data"):  # what the format's tokenizer cannot read, refused before loading
+        convert.check_data(manifest)
     names = data_files(manifest)
     verify_files(opts.data_dir, manifest, names)
     src_dict, tgt_dict = load_dictionaries(opts.data_dir, manifest)
@@ -145,6 +169,8 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
     with atomic_directory(out) as tmp:
         runtime = convert.write(prepared, tmp, opts.quantization)
         del prepared
+        if hasattr(convert, "write_extras"):
+            convert.write_extras(tmp, ExportContext(opts, opts.data_dir, manifest, meta, cfg))
         runtime_files = sorted(p.name for p in tmp.iterdir())
         for name in names:
             shutil.copy2(Path(opts.data_dir) / name, tmp / name)

@@ -25,12 +25,14 @@ from nmtkit.errors import UserError
 CHECKPOINT = "checkpoint"  # nmtkit's own checkpoints, run by PyTorch
 # export format -> its package (convert.py + engine.py); the first is `nmtkit export`'s default
 FORMATS = {"ctranslate2": "nmtkit.backends.ctranslate2"}
+# export formats that no nmtkit engine runs (another library does): their package has convert.py only
+EXPORT_ONLY = {"huggingface": "nmtkit.backends.huggingface"}
 _TORCH = "nmtkit.backends.pytorch"
 
 
 def format_module(fmt: str, part: str):
     """`convert` or `engine` of an export format, or of nmtkit's own checkpoints (engine only)."""
-    package = _TORCH if fmt == CHECKPOINT else FORMATS[fmt]
+    package = _TORCH if fmt == CHECKPOINT else {**FORMATS, **EXPORT_ONLY}[fmt]
     return importlib.import_module(f"{package}.{part}")
 
 
@@ -47,6 +49,9 @@ def export_format(path: str | os.PathLike) -> str | None:
     if not is_export_dir(path):
         return None
     name = read_info(path)["runtime"].get("name")
+    if name in EXPORT_ONLY:
+        raise UserError(f"{path} is a {name} export, for another library (docs/export.md); nmtkit does not "
+                        f"translate with it: use its checkpoint, or nmtkit import-hf {path}")
     if name not in FORMATS:
         raise UserError(f"{path}: exported for {name!r}, which this nmtkit cannot run "
                         f"(known: {', '.join(FORMATS)})")

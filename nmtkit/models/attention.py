@@ -6,7 +6,8 @@ Why `torch.nn.functional.scaled_dot_product_attention`: it computes exactly
 them, falling back to the plain math on CPU. Masks are boolean, True = "may attend".
 
 The projections have no bias, as in the paper's `Q W_i^Q`, `K W_i^K`, `V W_i^V`, `Concat(...) W^O`
-(and tensor2tensor). Self-attention uses one fused Q|K|V projection (one matmul instead of three);
+(and tensor2tensor); `bias=True` (`ArchConfig.attention_bias`) adds biases, which the models that
+nmtkit imports (MarianMT, fairseq) have. Self-attention uses one fused Q|K|V projection (one matmul instead of three);
 encoder-decoder attention projects Q from the decoder and a fused K|V from the encoder output,
 which decoding computes once per sentence. Per-head key size d_k and value size d_v may differ
 (Table 3 row B changes d_k alone).
@@ -58,17 +59,17 @@ class MultiheadAttention(nn.Module):
     capture: list[Tensor] | None = None
 
     def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, dropout: float,
-                 self_attention: bool):
+                 self_attention: bool, bias: bool = False):
         super().__init__()
         self.heads, self.d_k, self.d_v = heads, d_k, d_v
         self.dropout = dropout
         self.self_attention = self_attention
         if self_attention:
-            self.qkv_proj = uninitialized(nn.Linear, d_model, heads * (2 * d_k + d_v), bias=False)
+            self.qkv_proj = uninitialized(nn.Linear, d_model, heads * (2 * d_k + d_v), bias=bias)
         else:
-            self.q_proj = uninitialized(nn.Linear, d_model, heads * d_k, bias=False)
-            self.kv_proj = uninitialized(nn.Linear, d_model, heads * (d_k + d_v), bias=False)
-        self.out_proj = uninitialized(nn.Linear, heads * d_v, d_model, bias=False)
+            self.q_proj = uninitialized(nn.Linear, d_model, heads * d_k, bias=bias)
+            self.kv_proj = uninitialized(nn.Linear, d_model, heads * (d_k + d_v), bias=bias)
+        self.out_proj = uninitialized(nn.Linear, heads * d_v, d_model, bias=bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -84,6 +85,9 @@ class MultiheadAttention(nn.Module):
             nn.init.xavier_uniform_(w[:hk])
             nn.init.xavier_uniform_(w[hk:])
         nn.init.xavier_uniform_(self.out_proj.weight)
+        for m in self.children():  # `attention_bias` (imported models): biases start at zero
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     # ---- projections ---------------------------------------------------------------------------
     def _heads(self, x: Tensor, d: int) -> Tensor:

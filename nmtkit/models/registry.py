@@ -23,6 +23,9 @@ from nmtkit.errors import UserError
 from nmtkit.settings import check_number
 
 SHARE_MODES = ("all", "decoder", "none")
+# the feed-forward network's activation: the paper's ReLU; swish (SiLU) and GELU for imported models
+# (OPUS-MT's MarianMT models use swish)
+ACTIVATIONS = ("relu", "swish", "gelu")
 
 # ---- the largest values a config may hold ---------------------------------------------------------
 # Why: a config is also read from files anyone can write (a checkpoint's `arch_config`, an export's
@@ -71,6 +74,8 @@ FIELD_HELP: dict[str, str] = {
     "projection) or 'none'",
     "max_source_positions": "longest source (in tokens, with </s>) the model accepts",
     "max_target_positions": "longest target (in tokens, with <s>) the model accepts",
+    "activation": "feed-forward activation: relu (the paper), swish (SiLU) or gelu",
+    "attention_bias": "biases on the attention projections (imported models; the paper has none)",
     "label_smoothing": "training default: label smoothing eps_ls",
     "warmup_steps": "training default: learning-rate warmup steps",
 }
@@ -95,6 +100,8 @@ class ArchConfig:
     share_embeddings: str = "all"
     max_source_positions: int = 1024
     max_target_positions: int = 1024
+    activation: str = "relu"
+    attention_bias: bool = False
     label_smoothing: float = 0.1
     warmup_steps: int = 4000
 
@@ -158,6 +165,8 @@ class ArchConfig:
             raise UserError(
                 f"--share-embeddings must be one of {', '.join(SHARE_MODES)}, got {self.share_embeddings!r}"
             )
+        if self.activation not in ACTIVATIONS:
+            raise UserError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         return self
 
     def _check_limits(self) -> None:
@@ -255,7 +264,7 @@ def arch_field_specs() -> list[ArchFieldSpec]:
                 flag=_flag(f.name),
                 type=_field_type(f),
                 optional=_field_optional(f),
-                choices=SHARE_MODES if f.name == "share_embeddings" else None,
+                choices={"share_embeddings": SHARE_MODES, "activation": ACTIVATIONS}.get(f.name),
                 help=FIELD_HELP[f.name],
             )
         )

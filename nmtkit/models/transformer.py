@@ -108,11 +108,17 @@ class PositionalEncoding(nn.Module):
         return w[offset:offset + length]
 
 
-class FeedForward(nn.Module):
-    """max(0, x W1 + b1) W2 + b2 (with optional dropout after the ReLU)."""
+# --activation: the paper's ReLU, or the smooth ones of imported models (torch's exact GELU, as
+# transformers' "gelu"; swish = SiLU, as transformers' "swish" / "silu")
+ACTIVATION_FUNCTIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+
+class FeedForward(nn.Module):
+    """act(x W1 + b1) W2 + b2 (act = max(0, .) in the paper; optional dropout after it)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float, activation: str = "relu"):
         super().__init__()
+        self.act = ACTIVATION_FUNCTIONS[activation]
         self.fc1 = uninitialized(nn.Linear, d_model, d_ff)
         self.fc2 = uninitialized(nn.Linear, d_ff, d_model)
         self.activation_dropout = activation_dropout
@@ -121,7 +127,7 @@ class FeedForward(nn.Module):
             nn.init.zeros_(fc.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.fc1(x))  # (B, T, d_ff)
+        h = self.act(self.fc1(x))  # (B, T, d_ff)
         if self.training:  # (an eval-mode dropout call is a no-op that still costs a dispatch)
             h = F.dropout(h, self.activation_dropout, self.training)
         return self.fc2(h)
@@ -150,9 +156,10 @@ class EncoderLayer(_Sublayers):
         super().__init__()
         self.normalize_before, self.dropout = cfg.normalize_before, cfg.dropout
         self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.head_dim_k, cfg.head_dim_v,
-                                            cfg.attention_dropout, self_attention=True)
+                                            cfg.attention_dropout, self_attention=True,
+                                            bias=cfg.attention_bias)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
@@ -170,12 +177,12 @@ class DecoderLayer(_Sublayers):
         self.normalize_before, self.dropout = cfg.normalize_before, cfg.dropout
         dk, dv = cfg.head_dim_k, cfg.head_dim_v
         self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, dk, dv, cfg.attention_dropout,
-                                            self_attention=True)
+                                            self_attention=True, bias=cfg.attention_bias)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model)
         self.cross_attn = MultiheadAttention(cfg.d_model, cfg.heads, dk, dv, cfg.attention_dropout,
-                                             self_attention=False)
+                                             self_attention=False, bias=cfg.attention_bias)
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
 
     def _cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

@@ -22,8 +22,10 @@ The mapping (docs/export.md), one nmtkit module -> one spec entry:
     encoder_norm / decoder_norm (pre-norm)    encoder.layer_norm / decoder.layer_norm
     out_proj (no bias)                        decoder.projection
 
-`pre_norm` follows `normalize_before`; CTranslate2 applies each sub-layer's LayerNorm before the
-sub-layer (pre-norm) or after the residual sum (post-norm), as nmtkit does. LayerNorm epsilon is
+The attention projections' biases (`attention_bias`, imported models) go to the same linears,
+split and padded as their rows; `activation` is the spec's (relu, swish, gelu = CTranslate2's
+erf GELU). `pre_norm` follows `normalize_before`; CTranslate2 applies each sub-layer's LayerNorm
+before the sub-layer (pre-norm) or after the residual sum (post-norm), as nmtkit does. LayerNorm epsilon is
 torch's 1e-5. The source gets `</s>` appended by the runtime (`add_source_eos`), the decoder starts
 from `<s>`: the sequences of docs/internals.md.
 """
@@ -58,6 +60,7 @@ import_runtime = import_ctranslate2  # the name `nmtkit.backends.export` calls i
 HANDLED_FIELDS = frozenset({
     "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "normalize_before",
     "learned_pos", "share_embeddings", "max_source_positions", "max_target_positions",
+    "activation", "attention_bias",
     # training-only: no effect on the exported weights or on inference
     "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
 })
@@ -129,12 +132,25 @@ class _Heads:
         out[:, :, : self.dv] = w.reshape(w.shape[0], self.h, self.dv)
         return out.reshape(w.shape[0], -1)
 
+    def biases(self, linear, spec, sizes: list[int]) -> None:
+        """`attention_bias` (imported models): the projection's bias, split and padded like its rows."""
+        if linear.bias is None:
+            return
+        b, parts, at = _np(linear.bias), [], 0
+        for d in sizes:
+            parts.append(self.rows(b[at : at + self.h * d, None], d)[:, 0])
+            at += self.h * d
+        spec.bias = np.concatenate(parts)
+
     def self_attention(self, spec, attn) -> None:
         hk = self.h * self.dk
         w = _np(attn.qkv_proj.weight)  # (h*d_k | h*d_k | h*d_v, D): fused q|k|v, as CTranslate2's
         q, k, v = w[:hk], w[hk : 2 * hk], w[2 * hk :]
         spec.linear[0].weight = np.concatenate([self.rows(q, self.dk), self.rows(k, self.dk), self.rows(v, self.dv)])
         spec.linear[1].weight = self.columns(_np(attn.out_proj.weight))
+        self.biases(attn.qkv_proj, spec.linear[0], [self.dk, self.dk, self.dv])
+        if attn.out_proj.bias is not None:
+            spec.linear[1].bias = _np(attn.out_proj.bias)
         if self.queries_scale is not None:
             spec.queries_scale = self.queries_scale
 
@@ -144,6 +160,10 @@ class _Heads:
         spec.linear[0].weight = self.rows(_np(attn.q_proj.weight), self.dk)
         spec.linear[1].weight = np.concatenate([self.rows(kv[:hk], self.dk), self.rows(kv[hk:], self.dv)])
         spec.linear[2].weight = self.columns(_np(attn.out_proj.weight))
+        self.biases(attn.q_proj, spec.linear[0], [self.dk])
+        self.biases(attn.kv_proj, spec.linear[1], [self.dk, self.dv])
+        if attn.out_proj.bias is not None:
+            spec.linear[2].bias = _np(attn.out_proj.bias)
         if self.queries_scale is not None:
             spec.queries_scale = self.queries_scale
 
@@ -170,11 +190,15 @@ def build_spec(model, src_tokens: list[str], tgt_tokens: list[str]):
 
     cfg = model.cfg
     check_representable(cfg)
+    from ctranslate2.specs.common_spec import Activation
+
     heads = _Heads(cfg)
+    # torch's exact GELU is CTranslate2's GELU (erf); swish = SiLU
+    act = {"relu": Activation.RELU, "swish": Activation.SWISH, "gelu": Activation.GELU}[cfg.activation]
     encoder = transformer_spec.TransformerEncoderSpec(
-        cfg.encoder_layers, cfg.heads, pre_norm=cfg.normalize_before, head_dim=heads.head_dim)
+        cfg.encoder_layers, cfg.heads, pre_norm=cfg.normalize_before, head_dim=heads.head_dim, activation=act)
     decoder = transformer_spec.TransformerDecoderSpec(
-        cfg.decoder_layers, cfg.heads, pre_norm=cfg.normalize_before, head_dim=heads.head_dim)
+        cfg.decoder_layers, cfg.heads, pre_norm=cfg.normalize_before, head_dim=heads.head_dim, activation=act)
 
     encoder.embeddings[0].weight = _np(model.src_embed.weight)
     encoder.scale_embeddings = True  # x sqrt(d_model), as nmtkit's embed_scale
