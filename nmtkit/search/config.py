@@ -172,3 +172,46 @@ def apply_search_settings(base: SearchConfig, overrides: dict) -> SearchConfig:
     if not cfg.sampling and (cfg.topk or cfg.topp or cfg.temperature != 1.0):
         raise UserError("search settings: topk, topp and temperature apply only with sampling=True")
     return cfg
+
+
+@dataclass(frozen=True)
+class Terms:
+    """One sentence's lexical rules, as target dictionary ids (docs/generate.md, "Terminology").
+
+    `include`: phrases every output must contain (positive constraints), each a contiguous run
+    of ids; `ordered`: they must appear in the given order, without overlapping (otherwise in any
+    order, each at least once, overlaps allowed). `avoid`: id sequences no output may contain
+    (every segmentation of each forbidden phrase). `prefix`: ids every output starts with.
+    `where` names the sentence in errors (`in.de:3`); it takes no part in the search.
+    """
+
+    include: tuple[tuple[int, ...], ...] = ()
+    ordered: bool = False
+    avoid: tuple[tuple[int, ...], ...] = ()
+    prefix: tuple[int, ...] = ()
+    where: str = field(default="", compare=False)
+
+    def __bool__(self) -> bool:
+        return bool(self.include or self.avoid or self.prefix)
+
+    @property
+    def tokens_needed(self) -> int:
+        """Output tokens the prefix and the positive phrases take when none overlap: at most the
+        output limit (`check_terms`)."""
+        return len(self.prefix) + sum(len(p) for p in self.include)
+
+
+def check_terms(terms: Terms, cfg: SearchConfig, max_len: int) -> None:
+    """UserError naming `terms.where` when the search could not honour `terms` under `cfg` for a
+    sentence whose output limit is `max_len` tokens: with sampling, with more positive phrases
+    than the beam has room for (a beam of K keeps a hypothesis for each count 0..K-1 of phrases
+    met), or with phrases and prefix longer than the output limit."""
+    where = terms.where or "sentence"
+    if cfg.sampling:
+        raise UserError(f"{where}: constraints, avoided phrases and prefixes need beam search; drop sampling")
+    if len(terms.include) > cfg.beam - 1:
+        raise UserError(f"{where}: {len(terms.include)} constraint(s) need a beam of at least "
+                        f"{len(terms.include) + 1} (one hypothesis per count of phrases met); got beam {cfg.beam}")
+    if terms.tokens_needed > max_len:
+        raise UserError(f"{where}: the prefix and constraints take {terms.tokens_needed} target tokens; "
+                        f"this sentence's output limit is {max_len} (--max-len-a/--max-len-b)")
