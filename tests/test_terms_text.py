@@ -133,3 +133,47 @@ def test_an_engine_without_a_constrained_search_refuses_in_one_line(tr, monkeypa
     with pytest.raises(UserError, match="nmtkit has no constrained search"):
         tr.translate(SENTS, prefix=["the", None, None, None])
     assert tr.translate(SENTS) == tr.translate(SENTS, prefix=[None] * 4)  # nothing asked, nothing refused
+
+
+# ------------------------------------------------------------------------ nmtkit serve
+
+
+@pytest.fixture(scope="module")
+def term_server(setup):  # noqa: F811
+    from nmtkit.search.config import SearchConfig
+    from tests.test_serve import options, running
+
+    data, ckpt, _, _ = setup
+    with running(options(data, ckpt, max_wait_ms=200, search=SearchConfig(max_len_b=8))) as s:
+        yield s
+
+
+def test_serve_per_sentence_fields_equal_the_api(term_server, tr):
+    import json
+
+    from tests.test_serve import send
+
+    url, _, _ = term_server
+    terms = dict(constraints=[["blue street"], ["house", "dog"], None, None], avoid=[None, None, ["red"], None],
+                 prefix=[None, None, None, "the"], ordered=True)
+    # sent together, so that they may share a batch with a plain request: each gets its own answer
+    conns = [send(url, {"text": SENTS, **terms}), send(url, {"text": SENTS})]
+    got = [json.loads(c.getresponse().read()) for c in conns]
+    assert got[0]["translations"] == tr.translate(SENTS, **terms)
+    assert got[1]["translations"] == tr.translate(SENTS)
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"constraints": [["dog"]]}, '"constraints" must be a list with one entry per sentence of "text" (4)'),
+    ({"avoid": [None, "red", None, None]}, '"avoid"[1] must be null or a list of strings'),
+    ({"prefix": [None, ["the"], None, None]}, '"prefix"[1] must be null or a string'),
+    ({"ordered": "yes", "constraints": [None] * 4}, '"ordered" must be true or false'),
+    ({"constraints": [None, [" "], None, None]}, '"text"[1]: constraint 1 is empty'),
+    ({"constraints": [None, None, ["dog", "cat"], None], "beam": 2}, "sentence 3: 2 constraint(s) need a beam of at least 3"),
+])
+def test_serve_refuses_bad_terms_with_400_naming_the_sentence(term_server, extra, message):
+    from tests.test_serve import post
+
+    url, _, _ = term_server
+    r = post(url, {"text": SENTS, **extra})
+    assert r.status_code == 400 and message in r.json()["error"], r.json()
