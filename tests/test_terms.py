@@ -175,3 +175,26 @@ def test_multi_subword_avoided_sequence_is_never_produced():
     banned = next(tuple(h[0].tokens[:2]) for h in plain if len(h[0].tokens) >= 2)
     out = search(MODEL, src_batch(SRCS), cfg, [Terms(avoid=(banned,))] * len(SRCS))
     assert not any(contains(h[0].tokens, banned) for h in out)
+
+
+def test_sentences_without_terms_in_a_constrained_batch_get_the_pinned_outputs():
+    """The golden search cases (tests/test_search_golden.py) with one more sentence that has
+    terms, so that the whole batch runs the constrained search: every other sentence's
+    hypotheses equal the pinned ones (tokens and scores)."""
+    import json
+
+    from test_search_golden import CASES, OUTPUTS, SOURCES, load_models, src_batch as golden_batch
+
+    golden = json.loads(OUTPUTS.read_text(encoding="utf-8"))
+    models = load_models()
+    for label, names, settings in CASES:
+        if settings.get("sampling"):
+            continue
+        srcs = SOURCES[names[0]] + [[5, 6, 7]]
+        ms = [models[n] for n in names]
+        terms = [None] * (len(srcs) - 1) + [Terms(avoid=((4,),))]
+        out = search(ms if len(ms) > 1 else ms[0], golden_batch(srcs), SearchConfig(**settings), terms)[:-1]
+        want = golden[label]
+        assert [[h.tokens for h in hyps] for hyps in out] == [[h["tokens"] for h in hyps] for hyps in want], label
+        for g_hyps, w_hyps in zip(out, want):
+            assert [h.score for h in g_hyps] == pytest.approx([h["score"] for h in w_hyps], abs=1e-5)

@@ -25,6 +25,7 @@ Definitions used throughout (see docs/generate.md):
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Sequence
@@ -218,7 +219,8 @@ def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchCon
     greedy search; sampling draws `beam` independent samples per sentence. An empty batch gives [].
     `terms`: per sentence its `Terms` (phrases to include or avoid, a prefix) or None; when some
     sentence has any, the batch is searched with dynamic beam allocation (`nmtkit.search.terms`;
-    beam search even at beam 1; not with sampling), otherwise exactly as without them.
+    at beam 1, beam search of 1 with fairseq's stopping rule, which is greedy search; not with
+    sampling), otherwise exactly as without them.
     """
     if src_tokens.size(0) == 0:  # nothing to decode (the searches below assume B >= 1)
         return []
@@ -229,6 +231,8 @@ def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchCon
                 raise ValueError(f"{len(terms)} terms for {src_tokens.size(0)} sentences")
             if cfg.sampling:
                 raise ValueError("terms need beam search, not sampling")
+            if cfg.beam == 1:  # greedy search is beam search of 1 under fairseq's stopping rule
+                cfg = dataclasses.replace(cfg, early_stop="beam")
             return _terms_beam_search(ens, src_tokens, cfg, terms)
         if cfg.sampling or cfg.beam == 1:
             return _independent_search(ens, src_tokens, cfg)
