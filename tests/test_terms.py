@@ -198,3 +198,9 @@ def test_sentences_without_terms_in_a_constrained_batch_get_the_pinned_outputs()
         assert [[h.tokens for h in hyps] for hyps in out] == [[h["tokens"] for h in hyps] for hyps in want], label
         for g_hyps, w_hyps in zip(out, want):
             assert [h.score for h in g_hyps] == pytest.approx([h["score"] for h in w_hyps], abs=1e-5)
+
+
+def test_an_ensemble_of_the_model_with_itself_gives_the_same_constrained_output():
+    cfg = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=3)
+    one = search(MODEL, src_batch(SRCS), cfg, TERMS)
+    assert search([MODEL, MODEL], src_batch(SRCS), cfg, TERMS) == one

@@ -177,3 +177,24 @@ def test_serve_refuses_bad_terms_with_400_naming_the_sentence(term_server, extra
     url, _, _ = term_server
     r = post(url, {"text": SENTS, **extra})
     assert r.status_code == 400 and message in r.json()["error"], r.json()
+
+
+def test_avoid_blocks_every_subword_nmt_spelling():
+    """subword-nmt: every piece but a word's last carries @@; each word is split on its own."""
+    from nmtkit.data.dictionary import Dictionary
+    from nmtkit.generation.terms import TermMaker
+
+    d = Dictionary()
+    for sym in ("ab@@", "a@@", "b@@", "b", "c", "ab", "bc", "x@@"):
+        d.add_symbol(sym)
+
+    class Words:  # the canonical segmentation is not used for avoided phrases
+        kind = "subword-nmt"
+
+        def encode(self, text):
+            return text.split()
+
+    got = {tuple(d.string(ids)) for ids in TermMaker(Words(), d).make(None, ["ab c"], None, False, "s").avoid}
+    assert got == {("ab", "c"), ("a@@", "b", "c")}
+    got = {tuple(d.string(ids)) for ids in TermMaker(Words(), d).make(None, ["abc"], None, False, "s").avoid}
+    assert got == {("ab@@", "c"), ("a@@", "bc"), ("a@@", "b@@", "c")}
