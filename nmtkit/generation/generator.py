@@ -365,6 +365,7 @@ def _inputs(opts: GenerateOptions, tr: Translator) -> tuple[int | None, Iterator
         tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
         total = None if opts.input == "-" else _count_lines(opts.input)
         if opts.constraints or opts.avoid or opts.prefix:
+            tr.engine.require_terms()  # before any input is read or output written
             return total, term_items(opts, tr, where, trunc), trunc
         return total, tr.items(read_lines(opts.input), trunc), trunc
     split = opts.gen_subset or "test"
