@@ -41,9 +41,10 @@ from nmtkit.search.config import Terms
 NONE = -1  # padding of the id tensors: never a token
 
 
-def _pad(rows: Sequence[Sequence[int]], width: int, right: bool = False) -> list[list[int]]:
-    """Rows padded with NONE to `width`: on the right, or on the left (`right`: right-aligned)."""
-    return [[NONE] * (width - len(r)) + list(r) if right else list(r) + [NONE] * (width - len(r)) for r in rows]
+def _pad(row: Sequence[int], width: int, right: bool = False) -> list[int]:
+    """`row` padded with NONE to `width`: on the right, or on the left (`right`: right-aligned)."""
+    fill = [NONE] * (width - len(row))
+    return fill + list(row) if right else list(row) + fill
 
 
 class TermBatch:
@@ -60,13 +61,13 @@ class TermBatch:
         def tensor(rows):
             return torch.tensor(rows, dtype=torch.long, device=device)
 
-        self.cons = tensor([[_pad([p], L)[0] for p in list(t.include) + [()] * (C - len(t.include))]
+        self.cons = tensor([[_pad(p, L) for p in list(t.include) + [()] * (C - len(t.include))]
                             for t in terms])  # (B', C, L)
         self.lens = (self.cons != NONE).sum(-1)  # (B', C); 0: no phrase
         self.ordered = tensor([t.ordered for t in terms]).bool()  # (B',)
-        self.avoid = tensor([[_pad([p], La, right=True)[0] for p in list(t.avoid) + [()] * (A - len(t.avoid))]
+        self.avoid = tensor([[_pad(p, La, right=True) for p in list(t.avoid) + [()] * (A - len(t.avoid))]
                              for t in terms])  # (B', A, La), right-aligned
-        self.prefix = tensor([_pad([t.prefix], P)[0] for t in terms]) if P else None  # (B', P)
+        self.prefix = tensor([_pad(t.prefix, P) for t in terms]) if P else None  # (B', P)
         self.met = self.lens == 0  # (N, C) per live row (kc = 1 at the start): a missing phrase is met
         self.start = torch.zeros(len(terms), dtype=torch.long, device=device)  # (N,) where a match may begin
         self._next: tuple[torch.Tensor, torch.Tensor] | None = None  # select's new state, (B', K, C), (B', K)
