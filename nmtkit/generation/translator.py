@@ -281,8 +281,8 @@ class Translator:
                 got = f"{len(v)} entries" if isinstance(v, Sequence) and not isinstance(v, str) else repr(v)[:40]
                 raise UserError(f"{name} must be a list with one entry per sentence ({len(items)}), got {got}")
         for k, it in enumerate(items):
-            pick = (lambda v: None if v is None else v[k])  # noqa: E731
-            it.terms = self.terms(pick(constraints), pick(avoid), pick(prefix), ordered, where(it.index))
+            c, a, p = (None if v is None else v[k] for v in (constraints, avoid, prefix))
+            it.terms = self.terms(c, a, p, ordered, where(it.index))
 
     def _check_terms(self, items: Sequence[Item], cfg: SearchConfig) -> None:
         """Refuse, naming the sentence, terms the engine or the search cannot honour

@@ -140,9 +140,9 @@ def check_terms(translator, req: TranslateRequest) -> None:
     except UserError as e:
         raise RequestError(400, str(e)) from None
     for i in range(len(req.sentences)):
-        pick = (lambda name: None if t.get(name) is None else t[name][i])  # noqa: E731
+        c, a, p = (None if t.get(name) is None else t[name][i] for name in ("constraints", "avoid", "prefix"))
         try:
-            translator.terms(pick("constraints"), pick("avoid"), pick("prefix"), t["ordered"], f'"text"[{i}]')
+            translator.terms(c, a, p, t["ordered"], f'"text"[{i}]')
         except UserError as e:
             raise RequestError(400, str(e)) from None
 
