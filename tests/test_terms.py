@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from nmtkit.search.beam import EOS, SearchConfig, length_penalty, search
-from nmtkit.search.config import Terms
+from nmtkit.search.config import Avoided, Terms
 from test_search import SRCS, ToyModel, prefix_logprobs, src_batch
 
 torch.set_num_threads(1)
@@ -59,20 +59,31 @@ def in_order(seq, phrases) -> bool:
     return True
 
 
+def spellings(a: Avoided) -> list[tuple[int, ...]]:
+    """Every id sequence along the graph from 0 to its end (depth first)."""
+    if a.end == 0:
+        return [()]
+    return [(v, *rest) for i, j, v in a.edges if i == 0
+            for rest in spellings(Avoided(a.end - j, tuple((x - j, y - j, w) for x, y, w in a.edges if x >= j)))]
+
+
 def satisfies(seq, t: Terms) -> bool:
-    if tuple(seq[:len(t.prefix)]) != t.prefix or any(contains(seq, a) for a in t.avoid):
+    if tuple(seq[:len(t.prefix)]) != t.prefix or any(contains(seq, s) for a in t.avoid for s in spellings(a)):
         return False
     return in_order(seq, t.include) if t.ordered else all(contains(seq, p) for p in t.include)
 
 
 MODEL = ToyModel(vocab=6, seed=1)  # allowed non-</s> tokens: <unk> (3), 4, 5
 MAX_LEN = 4
+T_SRCS = SRCS + [[5, 5]]  # one source per entry of TERMS
 TERMS = [
     Terms(include=((5, 4),)),
     Terms(include=((4,), (5, 5))),
     Terms(include=((4, 5), (5, 4)), ordered=True),
     Terms(avoid=((4,),), prefix=(5,)),
     Terms(include=((3, 4),), avoid=((5, 5),)),
+    # an avoided phrase with three spellings: 4 5 | 3 | 4 3 (positions 0 -1- 2)
+    Terms(avoid=(Avoided(2, ((0, 1, 4), (1, 2, 5), (0, 2, 3), (1, 2, 3))),)),
 ]
 
 
@@ -80,8 +91,8 @@ TERMS = [
 def test_large_beam_gives_the_best_satisfying_outputs(lenpen, form, early):
     cfg = SearchConfig(beam=3**MAX_LEN, nbest=3, lenpen=lenpen, lenpen_form=form, early_stop=early,
                        max_len_a=0, max_len_b=MAX_LEN)
-    out = search(MODEL, src_batch(SRCS), cfg, TERMS)
-    for src, terms, hyps in zip(SRCS, TERMS, out):
+    out = search(MODEL, src_batch(T_SRCS), cfg, TERMS)
+    for src, terms, hyps in zip(T_SRCS, TERMS, out):
         want = sorted((o for o in all_outputs(MODEL, src, cfg, MAX_LEN) if satisfies(o[1], terms)),
                       key=lambda o: -o[0])[:3]
         assert [h.tokens for h in hyps] == [w[1] for w in want]
@@ -92,8 +103,8 @@ def test_the_terms_change_the_answer():
     """Guard for the test above: unconstrained, the best outputs of these sentences violate
     their terms, so satisfying them means something."""
     cfg = SearchConfig(beam=3**MAX_LEN, max_len_a=0, max_len_b=MAX_LEN)
-    plain = search(MODEL, src_batch(SRCS), cfg)
-    assert sum(not satisfies(h[0].tokens, t) for h, t in zip(plain, TERMS)) >= 4
+    plain = search(MODEL, src_batch(T_SRCS), cfg)
+    assert sum(not satisfies(h[0].tokens, t) for h, t in zip(plain, TERMS)) >= 5
 
 
 def random_terms(rng: random.Random, ordered: bool) -> Terms:
@@ -102,7 +113,7 @@ def random_terms(rng: random.Random, ordered: bool) -> Terms:
     avoid = tuple(a for a in (phrase() for _ in range(rng.randint(0, 1)))
                   if not any(contains(p, a) for p in include))
     prefix = tuple(rng.choice((3, 4, 5)) for _ in range(rng.randint(0, 1)))
-    if any(contains(prefix, a) for a in avoid):
+    if any(contains(prefix, a) for a in avoid):  # (tuples of ids here)
         prefix = ()
     return Terms(include=include, ordered=ordered, avoid=avoid, prefix=prefix)
 
@@ -202,5 +213,5 @@ def test_sentences_without_terms_in_a_constrained_batch_get_the_pinned_outputs()
 
 def test_an_ensemble_of_the_model_with_itself_gives_the_same_constrained_output():
     cfg = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=3)
-    one = search(MODEL, src_batch(SRCS), cfg, TERMS)
-    assert search([MODEL, MODEL], src_batch(SRCS), cfg, TERMS) == one
+    one = search(MODEL, src_batch(T_SRCS), cfg, TERMS)
+    assert search([MODEL, MODEL], src_batch(T_SRCS), cfg, TERMS) == one

@@ -65,13 +65,22 @@ def test_unsatisfiable_under_the_rules_is_said(tr):
 
 def test_avoid_blocks_every_spelling(tr):
     from nmtkit.generation.terms import TermMaker
+    from tests.test_terms import spellings
 
     tm = TermMaker(tr.tgt_subword, tr.tgt_dict)
-    spellings = tm.make(None, ["street"], None, False, "s").avoid
+    (graph,) = tm.make(None, ["street"], None, False, "s").avoid
+    every = spellings(graph)
     canonical = tuple(int(i) for i in tr.tgt_dict.encode(tr.tgt_subword.encode("street")))
-    assert canonical in spellings and len(spellings) > 1
-    for ids in spellings:  # each spells the same text
+    assert canonical in every and len(every) > 1
+    for ids in every:  # each spells the same text
         assert "".join(tr.tgt_dict.string(ids)) == "".join(tr.tgt_subword.encode("street"))
+    # a long phrase: over 10,000 spellings in a graph of under 100 edges (the search blocks a
+    # graph's every spelling: tests/test_terms.py)
+    (graph,) = tm.make(None, ["street " * 6], None, False, "s").avoid
+    count = [1] + [0] * graph.end  # spellings reaching each position
+    for i, j, _ in sorted(graph.edges):
+        count[j] += count[i]
+    assert count[-1] > 10_000 and len(graph.edges) < 100
 
 
 # ------------------------------------------------------------------------ nmtkit generate
@@ -194,7 +203,12 @@ def test_avoid_blocks_every_subword_nmt_spelling():
         def encode(self, text):
             return text.split()
 
-    got = {tuple(d.string(ids)) for ids in TermMaker(Words(), d).make(None, ["ab c"], None, False, "s").avoid}
-    assert got == {("ab", "c"), ("a@@", "b", "c")}
-    got = {tuple(d.string(ids)) for ids in TermMaker(Words(), d).make(None, ["abc"], None, False, "s").avoid}
-    assert got == {("ab@@", "c"), ("a@@", "bc"), ("a@@", "b@@", "c")}
+    from tests.test_terms import spellings
+
+    def every(text):
+        (graph,) = TermMaker(Words(), d).make(None, [text], None, False, "s").avoid
+        return {tuple(d.string(ids)) for ids in spellings(graph)}
+
+    assert every("ab c") == {("ab", "c"), ("a@@", "b", "c")}
+    assert every("abc") == {("ab@@", "c"), ("a@@", "bc"), ("a@@", "b@@", "c")}
+    assert TermMaker(Words(), d).make(None, ["zz"], None, False, "s") is None  # no spelling: nothing to block

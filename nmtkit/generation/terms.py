@@ -16,14 +16,11 @@ as ids is the target subword model's and dictionary's business, the same for `nm
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Sequence
 
 from nmtkit.errors import UserError
-from nmtkit.search.config import Terms
+from nmtkit.search.config import Avoided, Terms
 
-MAX_SEGMENTATIONS = 256  # per avoided phrase: beyond, the phrase is too long to block every spelling of
 BPE_JOINER = "@@"  # subword-nmt's mark of a piece continued by the next
 
 
@@ -32,21 +29,22 @@ class TermMaker:
 
     def __init__(self, subword, dictionary):
         self.subword, self.dict = subword, dictionary
-        self._cache: dict[str, list[tuple[int, ...]]] = {}  # avoided phrase -> its spellings (a glossary repeats)
+        self._cache: dict[str, Avoided | None] = {}  # avoided phrase -> its spellings (a glossary repeats)
 
     def make(self, include: Sequence[str] | None, avoid: Sequence[str] | None, prefix: str | None,
              ordered: bool, where: str) -> Terms | None:
         """The Terms of one sentence (None when it has none); `where` names it in errors."""
         inc = tuple(self._ids(p, where, f"constraint {j + 1}") for j, p in enumerate(_phrases(include, where, "constraints")))
-        av = tuple(dict.fromkeys(s for j, p in enumerate(_phrases(avoid, where, "avoid"))
-                                 for s in self._spellings(p, where, f"avoided phrase {j + 1}")))
+        named = [(p, self._spellings(p, where, f"avoided phrase {j + 1}"))
+                 for j, p in enumerate(_phrases(avoid, where, "avoid"))]
+        av = tuple(dict.fromkeys(g for _, g in named if g is not None))
         if prefix is not None and not isinstance(prefix, str):
             raise UserError(f"{where}: the prefix must be a string, got {type(prefix).__name__}")
         pre = self._ids(prefix, where, "prefix") if prefix and prefix.strip() else ()
         for what, ids in [(f"constraint {j + 1}", p) for j, p in enumerate(inc)] + [("the prefix", pre)]:
-            for a in av:
-                if _contains(ids, a):
-                    raise UserError(f"{where}: {what} contains an avoided phrase ({' '.join(self.dict.string(a))})")
+            for text, a in named:
+                if a is not None and a.found_in(ids):
+                    raise UserError(f"{where}: {what} contains an avoided phrase ({text!r})")
         terms = Terms(include=inc, ordered=bool(ordered), avoid=av, prefix=pre, where=where)
         return terms if terms else None
 
@@ -63,45 +61,47 @@ class TermMaker:
                             f"({len(self.dict)} symbols): the model cannot produce it")
         return tuple(int(i) for i in ids)
 
-    def _spellings(self, text: str, where: str, what: str) -> list[tuple[int, ...]]:
-        """Every id sequence whose pieces spell `text` as the subword model writes it."""
+    def _spellings(self, text: str, where: str, what: str) -> Avoided | None:
+        """Every id sequence whose pieces spell `text` as the subword model writes it, as a graph
+        (None: no spelling the model can produce, nothing to block)."""
         if not text.strip():
             raise UserError(f"{where}: {what} is empty")
         if text not in self._cache:
-            self._cache[text] = self._all_spellings(text, where, what)
+            self._cache[text] = self._graph(text)
         return self._cache[text]
 
-    def _all_spellings(self, text: str, where: str, what: str) -> list[tuple[int, ...]]:
+    def _graph(self, text: str) -> Avoided | None:
         kind = getattr(self.subword, "kind", "none")
-        pieces = self.subword.encode(text)
-        if kind == "sentencepiece":
-            found = self._splits("".join(pieces), lambda piece, last: piece)
-        elif kind == "subword-nmt":  # words as subword-nmt splits them; every piece but a word's last ends in @@
-            words = [self._splits(w, lambda piece, last: piece if last else piece + BPE_JOINER) for w in text.split()]
-            if math.prod(len(w) for w in words) > MAX_SEGMENTATIONS:
-                found = [()] * (MAX_SEGMENTATIONS + 1)  # refused below
-            else:
-                found = [sum(c, ()) for c in itertools.product(*words)]
+        if kind == "sentencepiece":  # one string: the pieces joined, word starts marked by ▁
+            words = ["".join(self.subword.encode(text))]
+        elif kind == "subword-nmt":  # each word on its own; every piece but a word's last ends in @@
+            words = text.split()
         else:
-            ids = self.dict.encode(pieces)
-            found = [] if any(i == self.dict.unk for i in ids) else [tuple(int(i) for i in ids)]
-        if len(found) > MAX_SEGMENTATIONS:
-            raise UserError(f"{where}: {what} {text!r} has over {MAX_SEGMENTATIONS} spellings in target subwords; "
-                            "avoid shorter phrases")
-        return found  # empty: no spelling the model can produce, nothing to block
+            ids = self.dict.encode(self.subword.encode(text))
+            return None if any(i == self.dict.unk for i in ids) else Avoided.sequence(ids)
+        edges, offset = [], 0
+        for w in words:
+            for i in range(len(w)):
+                for j in range(i + 1, len(w) + 1):
+                    sym = w[i:j] if kind == "sentencepiece" or j == len(w) else w[i:j] + BPE_JOINER
+                    v = self.dict.index(sym)
+                    if v > self.dict.unk:  # in the dictionary, not a special symbol
+                        edges.append((offset + i, offset + j, int(v)))
+            offset += len(w)
+        return _on_paths(edges, offset)
 
-    def _splits(self, s: str, token) -> list[tuple[int, ...]]:
-        """Every split of `s` into dictionary pieces; `token(piece, last)` is a piece's symbol."""
-        ways: list[list[tuple[int, ...]]] = [[()]] + [[] for _ in s]
-        for j in range(1, len(s) + 1):
-            for i in range(j):
-                if ways[i]:
-                    sym = token(s[i:j], j == len(s))
-                    if self.dict.index(sym) > self.dict.unk:  # in the dictionary, not a special symbol
-                        ways[j].extend(w + (self.dict.index(sym),) for w in ways[i])
-            if len(ways[j]) > MAX_SEGMENTATIONS:
-                return ways[j] + [()]  # too many: the caller refuses
-        return ways[len(s)]
+
+def _on_paths(edges: list[tuple[int, int, int]], end: int) -> Avoided | None:
+    """The edges on some path from 0 to `end` (None when there is none)."""
+    fwd, back = {0}, {end}
+    for i, j, _ in sorted(edges):
+        if i in fwd:
+            fwd.add(j)
+    for i, j, _ in sorted(edges, key=lambda e: -e[1]):
+        if j in back:
+            back.add(i)
+    kept = tuple(e for e in sorted(edges) if e[0] in fwd and e[1] in back)
+    return Avoided(end, kept) if end in fwd else None
 
 
 def _phrases(phrases, where: str, what: str) -> list[str]:
@@ -111,11 +111,6 @@ def _phrases(phrases, where: str, what: str) -> list[str]:
     if isinstance(phrases, str) or not all(isinstance(p, str) for p in phrases):
         raise UserError(f"{where}: {what} must be a list of strings (phrases), got {phrases!r:.60}")
     return list(phrases)
-
-
-def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:
-    n = len(part)
-    return any(tuple(seq[i:i + n]) == tuple(part) for i in range(len(seq) - n + 1))
 
 
 def split_line(line: str) -> tuple[str, list[str]]:

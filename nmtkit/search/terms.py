@@ -22,11 +22,13 @@ overlap each other; ordered ones (`Terms.ordered`) must appear in the given orde
 overlapping: a phrase is matched only after the previous one ends (`start`).
 
 The rules per step: a hypothesis with a phrase still to meet cannot end (`</s>` banned), so every
-finished hypothesis contains all its phrases; an avoided id sequence's last token is banned
-after its other tokens; before the prefix is complete only its next token is allowed.
+finished hypothesis contains all its phrases; a token is banned when it would complete some
+spelling of an avoided phrase (the row's last tokens spell the rest); before the prefix is
+complete only its next token is allowed.
 
 Shapes: B' active sentences, kc live rows per sentence (N = B' * kc), C positive phrases of at
-most L ids, A avoided sequences of at most La ids, P prefix ids (per sentence, padded with -1).
+most L ids, A avoided phrases of at most E edges (their spellings as graphs over the positions
+of their text: `nmtkit.search.config.Avoided`), P prefix ids (per sentence, padded with -1).
 """
 
 from __future__ import annotations
@@ -41,10 +43,9 @@ from nmtkit.search.config import Terms
 NONE = -1  # padding of the id tensors: never a token
 
 
-def _pad(row: Sequence[int], width: int, right: bool = False) -> list[int]:
-    """`row` padded with NONE to `width`: on the right, or on the left (`right`: right-aligned)."""
-    fill = [NONE] * (width - len(row))
-    return fill + list(row) if right else list(row) + fill
+def _pad(row: Sequence[int], width: int) -> list[int]:
+    """`row` padded with NONE on the right to `width`."""
+    return list(row) + [NONE] * (width - len(row))
 
 
 class TermBatch:
@@ -54,8 +55,8 @@ class TermBatch:
         terms = [t or Terms() for t in terms]
         C = max(1, max(len(t.include) for t in terms))
         L = max([1] + [len(p) for t in terms for p in t.include])
-        A = max(1, max(len(t.avoid) for t in terms))
-        La = max([1] + [len(p) for t in terms for p in t.avoid])
+        A = max(len(t.avoid) for t in terms)
+        E = max([1] + [len(a.edges) for t in terms for a in t.avoid])
         P = max(len(t.prefix) for t in terms)
 
         def tensor(rows):
@@ -65,18 +66,25 @@ class TermBatch:
                             for t in terms])  # (B', C, L)
         self.lens = (self.cons != NONE).sum(-1)  # (B', C); 0: no phrase
         self.ordered = tensor([t.ordered for t in terms]).bool()  # (B',)
-        self.avoid = tensor([[_pad(p, La, right=True) for p in list(t.avoid) + [()] * (A - len(t.avoid))]
-                             for t in terms])  # (B', A, La), right-aligned
+        self.avoid = None  # (B', A, E, 3): every avoided phrase's edges (i, j, id); padding id NONE
+        if A:
+            pad_edges = [(0, 0, NONE)] * E
+            self.avoid = tensor([[list(a.edges) + pad_edges[len(a.edges):] for a in t.avoid]
+                                 + [pad_edges] * (A - len(t.avoid)) for t in terms])
+            self.avoid_end = tensor([[a.end for a in t.avoid] + [-1] * (A - len(t.avoid)) for t in terms])  # (B', A)
+            ends = max(a.end for t in terms for a in t.avoid)
+            self.reached = torch.zeros(len(terms), A, ends + 1, dtype=torch.bool, device=device)  # (N, A, end + 1)
         self.prefix = tensor([_pad(t.prefix, P) for t in terms]) if P else None  # (B', P)
         self.met = self.lens == 0  # (N, C) per live row (kc = 1 at the start): a missing phrase is met
         self.start = torch.zeros(len(terms), dtype=torch.long, device=device)  # (N,) where a match may begin
-        self._next: tuple[torch.Tensor, torch.Tensor] | None = None  # select's new state, (B', K, C), (B', K)
+        # select's new state: met (B', K, C), start (B', K), reached (B', K, A, end + 1) or None
+        self._next: tuple | None = None
 
     # -- masking the log-probs
 
     def mask(self, lprobs: torch.Tensor, t: int, gen: torch.Tensor, kc: int, eos: int) -> None:
         """Step t's rules in place on lprobs (N, V); gen (N, t) the tokens so far."""
-        self._ban_avoided(lprobs, t, gen, kc)
+        self._ban_avoided(lprobs, kc)
         if self.prefix is not None and t < self.prefix.size(1):
             forced = self.prefix[:, t].repeat_interleave(kc)  # (N,)
             rows = (forced != NONE).nonzero().view(-1)
@@ -88,23 +96,36 @@ class TermBatch:
         if bool(unmet.any()):
             lprobs[unmet, eos] = -math.inf
 
-    def _ban_avoided(self, lprobs: torch.Tensor, t: int, gen: torch.Tensor, kc: int) -> None:
-        """-inf on the last token of every avoided sequence whose other tokens end `gen`."""
-        av = self.avoid.repeat_interleave(kc, dim=0)  # (N, A, La)
-        La = av.size(2)
-        ctx = La - 1
-        if ctx:
-            tail = gen[:, max(0, t - ctx):]  # (N, <= ctx)
-            if tail.size(1) < ctx:  # too few tokens: -2 matches no token and no padding
-                tail = torch.cat([tail.new_full((tail.size(0), ctx - tail.size(1)), -2), tail], dim=1)
-            head = av[:, :, :ctx]  # (N, A, ctx)
-            match = ((head == tail.unsqueeze(1)) | (head == NONE)).all(dim=-1)  # (N, A)
-        else:
-            match = torch.ones(av.shape[:2], dtype=torch.bool, device=av.device)
-        match &= av[:, :, -1] != NONE
-        rows, a = match.nonzero(as_tuple=True)
-        if rows.numel():
-            lprobs[rows, av[rows, a, -1]] = -math.inf
+    def _ban_avoided(self, lprobs: torch.Tensor, kc: int) -> None:
+        """-inf on every token that would complete an avoided phrase: an edge into its end from
+        its start or from a position the row's last tokens reached. Per sentence, broadcast over
+        its kc rows (a glossary's graphs are not copied per row)."""
+        if self.avoid is None:
+            return
+        i, j, v = self.avoid.unbind(-1)  # (B', A, E) each
+        n, A, E = v.shape
+        reached = self.reached.view(n, kc, A, -1)
+        live = reached.gather(3, i.unsqueeze(1).expand(-1, kc, -1, -1)) | (i == 0).unsqueeze(1)  # (B', kc, A, E)
+        last = ((j == self.avoid_end.unsqueeze(-1)) & (v != NONE)).unsqueeze(1)  # (B', 1, A, E)
+        s, r, a, e = (live & last).nonzero(as_tuple=True)
+        if s.numel():
+            lprobs[s * kc + r, v[s, a, e]] = -math.inf
+
+    def _reach(self, beam: torch.Tensor, tok: torch.Tensor, kc: int) -> torch.Tensor | None:
+        """The positions of every avoided phrase that the survivors' last tokens reach
+        (B', K, A, end + 1): the edges labelled with the new token, from the start or from a
+        position its parent row reached."""
+        if self.avoid is None:
+            return None
+        i, j, v = self.avoid.unbind(-1)  # (B', A, E) each
+        n, A, E = v.shape
+        reached = self.reached.view(n, kc, A, -1)
+        K = beam.size(1)
+        parent = reached.gather(1, beam[:, :, None, None].expand(-1, -1, A, reached.size(3)))  # (B', K, A, end + 1)
+        live = parent.gather(3, i.unsqueeze(1).expand(-1, K, -1, -1)) | (i == 0).unsqueeze(1)  # (B', K, A, E)
+        hit = live & (v.unsqueeze(1) == tok[:, :, None, None])
+        out = torch.zeros(n, K, A, reached.size(3), dtype=torch.uint8, device=v.device)
+        return out.scatter_reduce(3, j.unsqueeze(1).expand(-1, K, -1, -1), hit.to(torch.uint8), "amax").bool()
 
     # -- progress on the positive phrases
 
@@ -174,22 +195,27 @@ class TermBatch:
             met = torch.cat([met.view(n, -1, C), met.new_ones(n, fill, C)], dim=1)
             start = torch.cat([start.view(n, -1), start.new_zeros(n, fill)], dim=1)
         chosen = allocate(score, bank.reshape(n, -1), K)  # (B', K) indices into the candidates
-        self._next = (met.reshape(n, -1, C).gather(1, chosen.unsqueeze(-1).expand(-1, -1, C)),
-                      start.reshape(n, -1).gather(1, chosen))
         beam = torch.div(chosen, m, rounding_mode="floor").clamp_(max=kc - 1)
-        return (score.gather(1, chosen), beam, cand.reshape(n, -1).gather(1, chosen),
-                step.reshape(n, -1).gather(1, chosen))
+        tok = cand.reshape(n, -1).gather(1, chosen)
+        self._next = (met.reshape(n, -1, C).gather(1, chosen.unsqueeze(-1).expand(-1, -1, C)),
+                      start.reshape(n, -1).gather(1, chosen), self._reach(beam, tok, kc))
+        return score.gather(1, chosen), beam, tok, step.reshape(n, -1).gather(1, chosen)
 
     def advance(self, keep: torch.Tensor | None) -> None:
         """Take `select`'s survivors as the live rows; the sentences not in `keep` (B'',) leave."""
-        met, start = self._next
+        met, start, reached = self._next
         if keep is not None:
             met, start = met.index_select(0, keep), start.index_select(0, keep)
             self.cons, self.lens = self.cons.index_select(0, keep), self.lens.index_select(0, keep)
-            self.ordered, self.avoid = self.ordered.index_select(0, keep), self.avoid.index_select(0, keep)
+            self.ordered = self.ordered.index_select(0, keep)
             if self.prefix is not None:
                 self.prefix = self.prefix.index_select(0, keep)
+            if reached is not None:
+                reached = reached.index_select(0, keep)
+                self.avoid, self.avoid_end = self.avoid.index_select(0, keep), self.avoid_end.index_select(0, keep)
         self.met, self.start = met.reshape(-1, met.size(-1)), start.reshape(-1)
+        if reached is not None:
+            self.reached = reached.reshape(-1, *reached.shape[2:])
 
 
 def allocate(score: torch.Tensor, bank: torch.Tensor, K: int) -> torch.Tensor:
