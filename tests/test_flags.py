@@ -140,6 +140,9 @@ EXPECTED = {
         "--alignment-layer": (None, None),
         "--score-reference": (False, None),
         "--reference": (None, None),
+        "--constraints": (None, None),
+        "--avoid": (None, None),
+        "--prefix": (None, None),
         "--threads": (0, None),
         "--seed": (None, None),
         "--ema": (False, None),
@@ -418,10 +421,12 @@ def test_flags_with_an_optional_value(monkeypatch):
     monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 50)
 
     values = optional_values(GenerateOptions)
-    assert values == {"--print-alignment": "subword"}
+    assert values == {"--print-alignment": "subword", "--constraints": "unordered"}
     assert fill_optional_values(["d", "--print-alignment"], values) == ["d", "--print-alignment", "subword"]
     assert fill_optional_values(["--print-alignment", "-q"], values) == ["--print-alignment", "subword", "-q"]
     assert fill_optional_values(["--print-alignment", "words", "-q"], values) == ["--print-alignment", "words", "-q"]
+    assert fill_optional_values(["--constraints", "-q"], values) == ["--constraints", "unordered", "-q"]
+    assert fill_optional_values(["--constraints", "ordered"], values) == ["--constraints", "ordered"]
     assert fill_optional_values(["--", "--print-alignment"], values) == ["--", "--print-alignment"]
     opts = cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="d", paths=["a"],
                                                                print_alignment="words", alignment_layer=2))

@@ -67,3 +67,21 @@ def test_serve_refuses_a_data_dir_or_ema_beside_an_export(wm, run_cli):  # noqa:
                           (["--early-stop", "bound"], "--early-stop bound: CTranslate2's beam search stops as")]:
         r = run_cli("serve", "--path", out, "--port", "0", *args)
         assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1, r
+
+
+def test_terms_on_an_export_are_refused_in_one_line_naming_ctranslate2(wm, tmp_path, run_cli):  # noqa: F811
+    out = export_dir(wm, "post")
+    f = tmp_path / "in.de"
+    f.write_text("Hund Katze\tdog\n", encoding="utf-8")
+    r = run_cli("generate", "--path", out, "--input", f, "--constraints", "--lenpen-form", "fairseq", "--quiet")
+    err = [x for x in r.err.strip().splitlines() if not x.startswith("nmtkit: note:")]  # the engine's defaults
+    assert r.code == 2 and len(err) == 1 and "CTranslate2 has no constrained search" in err[0], r
+    opts = ServeOptions.from_flags({
+        **{k: getattr(ServeOptions(paths=[str(out)]), k) for k in ServeOptions.__dataclass_fields__},
+        "paths": [str(out)], "data_dir": None, "port": 0, "threads": 1,
+        "search": {**SearchConfig().__dict__, "lenpen_form": "fairseq", "max_len_b": None, "early_stop": None},
+    })
+    with running(opts) as (url, _, _):
+        r = post(url, {"text": ["Hund Katze"], "prefix": ["the"]})
+        assert r.status_code == 400 and "CTranslate2 has no constrained search" in r.json()["error"]
+        assert post(url, {"text": ["Hund Katze"]}).status_code == 200

@@ -197,11 +197,12 @@ def wait_for(driver, condition, timeout: float = 30):
     raise AssertionError("the page did not get there in time: " + driver.find_element("id", "error").text)
 
 
-def translate_on_page(driver, url: str, text: str, keys: bool = False) -> list[str]:
+def translate_on_page(driver, url: str, text: str, keys: bool = False, reload: bool = True) -> list[str]:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    driver.get(url + "/")
+    if reload:
+        driver.get(url + "/")
     wait_for(driver, lambda d: "\u2192" in d.find_element(By.ID, "model").text)  # /info arrived
     box = driver.find_element(By.ID, "source")
     box.clear()
@@ -279,6 +280,7 @@ def test_markup_in_a_translation_is_shown_as_text_and_runs_nothing(browser, tmp_
         note = browser.find_element("id", "attention-note")
         assert note.is_displayed() and "identity, which does not give them" in note.text
         assert not browser.find_element("id", "attention-panel").is_displayed()
+        assert not browser.find_element("id", "terms").is_displayed()  # a runtime without a constrained search
 
 
 @needs_browser
@@ -302,3 +304,22 @@ def test_the_page_on_a_ctranslate2_export_translates_and_hides_the_attention_pan
         note = browser.find_element("id", "attention-note")
         assert note.is_displayed() and "runs on ctranslate2, which does not give them" in note.text
         assert not browser.find_element("id", "attention-panel").is_displayed()
+        assert not browser.find_element("id", "terms").is_displayed()  # CTranslate2 has no constrained search
+
+
+@needs_browser
+@pytest.mark.slow
+def test_terminology_typed_on_the_page_reaches_the_search(browser, served, translator, want):
+    from selenium.webdriver.common.by import By
+
+    url, _, _ = served
+    sentences = [s for s in POOL if s.strip() and want[s]][:2]
+    words = sorted({w for s in POOL for w in want[s].split()} - set(" ".join(want[s] for s in sentences).split()))
+    must, avoid = words[0], want[sentences[1]].split()[0]
+    expect = translator.translate(sentences, constraints=[[must], None], avoid=[[avoid], [avoid]])
+    assert expect[0] != want[sentences[0]] and must in expect[0].split()  # the constraint changes the output
+    browser.get(url + "/")
+    wait_for(browser, lambda d: d.find_element(By.ID, "terms").is_displayed())
+    browser.find_element(By.ID, "constraints").send_keys(must + "\n")
+    browser.find_element(By.ID, "avoid").send_keys(avoid)
+    assert translate_on_page(browser, url, "\n".join(sentences), reload=False) == expect

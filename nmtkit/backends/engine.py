@@ -10,7 +10,8 @@ attention. Each runtime is one subclass in its format's package (`nmtkit.backend
 An engine declares what it supports in class attributes, so that a setting it cannot honour is
 refused once, in one line naming the flag: `unsupported(cfg)` for the search settings (called by
 `Translator.search_config`), `teacher_forcing` for scores of given targets, alignments and attention,
-`ensembles`, `runs_ema` and `quantizes` for the load options (`registry.check_combination`).
+`ensembles`, `runs_ema` and `quantizes` for the load options (`registry.check_combination`),
+`constraints` for terminology (phrases to include or avoid, target prefixes: `require_terms`).
 
 Source rows are numpy arrays of source dictionary ids without `</s>` (the engine adds it, as
 each runtime wants it); targets are lists of target ids without `</s>`.
@@ -53,6 +54,9 @@ class Engine:
     ensembles: ClassVar[bool] = False  # several models averaged
     runs_ema: ClassVar[bool] = False  # --ema chosen at load time (an export chose it when written)
     quantizes: ClassVar[bool] = False  # --quantize at load time (an export chose it when written)
+    # `Terms` in `search` (phrases that must or must not appear, a forced prefix): a constrained
+    # search of its own; an engine without one refuses them in `require_terms`'s one line
+    constraints: ClassVar[bool] = False
     # search settings (SearchConfig's names) that differ from SearchConfig's defaults when not
     # given: what the runtime's own search does (CTranslate2 has only fairseq's rules)
     search_defaults: ClassVar[dict] = {}
@@ -95,6 +99,14 @@ class Engine:
                             f"(an export directory is run by {cls.display}, which exposes no attention or "
                             "forced scores)")
 
+    @classmethod
+    def require_terms(cls) -> None:
+        """UserError unless this runtime's search honours `Terms` (constraints, avoided phrases,
+        prefixes): the line `Translator` gives before any search."""
+        if not cls.constraints:
+            raise UserError(f"constraints, avoided phrases and target prefixes: {cls.display} has no constrained "
+                            "search; translate with the checkpoint and its data directory (nmtkit's own search)")
+
     def architectures(self) -> list[dict]:
         """Each model's architecture (`ArchConfig.to_dict()`), for /info."""
         raise NotImplementedError
@@ -103,7 +115,9 @@ class Engine:
                positional_scores: bool = False) -> list[list[Hypothesis]]:
         """Up to `cfg.nbest` hypotheses per source row, best first, in order. `cfg` is complete
         (the dictionary's ids and the output cap set). `positional_scores`: the caller needs the
-        per-token log-probabilities (an engine may otherwise leave them out)."""
+        per-token log-probabilities (an engine may otherwise leave them out). An engine that
+        declares `constraints` also takes `terms=`: per row its `Terms` or None (passed only when
+        some row has terms)."""
         raise NotImplementedError
 
     def layers(self, kind: str) -> int:

@@ -44,8 +44,6 @@ def _decoding(command: str) -> dict[str, str]:
         "--diverse-beam-groups": "diverse beam search is not supported",
         "--diverse-beam-strength": "diverse beam search is not supported",
         "--diversity-rate": "diverse beam search is not supported",
-        "--prefix-size": "forced target prefixes are not supported",
-        "--constraints": "constrained decoding is not supported",
         "--match-source-len": "not supported; --min-len, --max-len-a and --max-len-b bound the output length",
         "--replace-unk": "not supported",
         "--model-overrides": "not supported: a checkpoint keeps its own architecture",
@@ -63,6 +61,7 @@ GENERATE = _decoding("generate") | {
     "--scoring": "nmtkit generate prints translations; score them with nmtkit score --ref REF (sacreBLEU)",
     "--skip-invalid-size-inputs-valid-test":
         "nmtkit truncates a source longer than the model accepts, with a warning; drop it",
+    "--prefix-size": "use --prefix FILE: the target prefix of each --input line (docs/generate.md, Terminology)",
 }
 
 SERVE = _decoding("serve") | {
@@ -74,6 +73,8 @@ SERVE = _decoding("serve") | {
     "-i": "nmtkit serve translates what POST /translate sends; for a file use nmtkit generate --input FILE",
     "--print-alignment": "nmtkit serve sends translations only; use nmtkit generate --print-alignment",
     "--score-reference": "nmtkit serve sends translations only; use nmtkit generate --score-reference",
+    "--constraints": 'give each request\'s "constraints" field (docs/serve.md)',
+    "--prefix-size": 'give each request\'s "prefix" field (docs/serve.md)',
 }
 
 _TORCHRUN = "torchrun starts and connects the processes (torchrun --nproc_per_node N -m nmtkit train ...); drop it"

@@ -68,6 +68,10 @@ class GenerateOptions:
     alignment_layer: int | None = setting(None, flag="--alignment-layer", help="Decoder layer (1-based) whose cross-attention gives --print-alignment [default: the last, as fairseq].")
     score_reference: bool = setting(False, flag="--score-reference", help="Score given translations instead of searching: the split's target side, or --reference with --input. plain format: SCORE, LOGPROB, TOKENS per line.")
     reference: str | None = setting(None, flag="--reference", help="With --score-reference and --input: the raw translations to score, one per line of --input (FILE or FILE.gz).")
+    # terminology (docs/generate.md, "Terminology"): None, "unordered" or "ordered"
+    constraints: str | None = setting(None, flag="--constraints", optional_value="unordered", metavar="[unordered|ordered]", help="Each --input line is SOURCE<TAB>PHRASE<TAB>PHRASE...: phrases (raw text) every output must contain, as fairseq-interactive reads them; unordered (the flag alone): in any order; ordered: in the given order.")
+    avoid: str | None = setting(None, flag="--avoid", help="FILE of phrases, one per line, that no output may contain (in any subword spelling).")
+    prefix: str | None = setting(None, flag="--prefix", help="FILE with one target prefix per line of --input: each output begins with its line's text (an empty line: none).")
     search: SearchConfig = group(SearchConfig)
     # resolved by from_flags into --lenpen-form and --early-stop (model_flags.search_flag_defaults)
     decoding: str | None = setting(None, flag="--decoding", show_default=False, help="The length penalty and stopping rule in one word: paper (--lenpen-form gnmt --early-stop bound: the paper's, exact) or fairseq (--lenpen-form fairseq --early-stop beam: fairseq's, longer outputs from weak models); a flag given beside it wins [default: paper; fairseq on a CTranslate2 export].")
@@ -110,6 +114,23 @@ class GenerateOptions:
         if self.buffer_size < 1:
             raise UserError(f"--buffer-size must be >= 1, got {self.buffer_size}")
         self._validate_inspection()
+        self._validate_terms()
+
+    def _validate_terms(self) -> None:
+        """The rules of --constraints, --avoid and --prefix: raw text translated by a search."""
+        if self.constraints is not None and self.constraints not in ("unordered", "ordered"):
+            raise UserError(f"--constraints must be unordered (the default when given alone) or ordered, "
+                            f"got {self.constraints!r}")
+        for flag, given in (("--constraints", self.constraints), ("--avoid", self.avoid), ("--prefix", self.prefix)):
+            if given is None:
+                continue
+            if self.input is None:
+                raise UserError(f"{flag} applies to raw text: give --input FILE (or - for stdin)")
+            if self.score_reference:
+                raise UserError(f"{flag} applies to the search, not to --score-reference")
+        for flag, path in (("--avoid", self.avoid), ("--prefix", self.prefix)):
+            if path == "-":
+                raise UserError(f"{flag} must be a file (--input may be - for stdin)")
 
     def _validate_inspection(self) -> None:
         """The rules of --print-alignment, --alignment-layer, --score-reference and --reference."""
@@ -343,6 +364,9 @@ def _inputs(opts: GenerateOptions, tr: Translator) -> tuple[int | None, Iterator
             return (*reference_items(tr, opts.input, opts.reference, trunc), trunc)
         tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
         total = None if opts.input == "-" else _count_lines(opts.input)
+        if opts.constraints or opts.avoid or opts.prefix:
+            tr.engine.require_terms()  # before any input is read or output written
+            return total, term_items(opts, tr, where, trunc), trunc
         return total, tr.items(read_lines(opts.input), trunc), trunc
     split = opts.gen_subset or "test"
     trunc = tr.truncations(lambda i: f"{opts.data_dir} split {split!r}, sentence {i + 1}", f"split {split!r}")
@@ -351,6 +375,46 @@ def _inputs(opts: GenerateOptions, tr: Translator) -> tuple[int | None, Iterator
         raise UserError(f"--score-reference: split {split!r} of {opts.data_dir} has no target side "
                         f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
     return total, items, trunc
+
+
+def term_items(opts: GenerateOptions, tr: Translator, where: str, trunc: Truncations) -> Iterator[Item]:
+    """Items of --input with their terms: tab-separated phrases after the source (--constraints),
+    the --avoid glossary, and the line's --prefix. A mistake names its file and line."""
+    from collections import deque
+
+    from nmtkit.generation.terms import split_line
+    from nmtkit.io import read_lines
+
+    avoid = _glossary(opts.avoid) if opts.avoid else None
+    prefixes = read_lines(opts.prefix) if opts.prefix else None
+    phrases: deque = deque()
+
+    def sources() -> Iterator[str]:
+        for line in read_lines(opts.input):
+            source, fields = split_line(line) if opts.constraints else (line, None)
+            phrases.append(fields or None)
+            yield source
+
+    for it in tr.items(sources(), trunc):
+        pre = None
+        if prefixes is not None:
+            pre = next(prefixes, None)
+            if pre is None:
+                raise UserError(f"--prefix {opts.prefix} has {it.index} lines but --input {where} has more")
+        it.terms = tr.terms(phrases.popleft(), avoid, pre, opts.constraints == "ordered", f"{where}:{it.index + 1}")
+        yield it
+    if prefixes is not None and next(prefixes, None) is not None:
+        raise UserError(f"--prefix {opts.prefix} has more lines than --input {where}")
+
+
+def _glossary(path: str) -> list[str]:
+    """--avoid's phrases: one per non-empty line (blank lines are separators, not phrases)."""
+    from nmtkit.io import read_lines
+
+    phrases = [line.strip() for line in read_lines(path) if line.strip()]
+    if not phrases:
+        raise UserError(f"--avoid {path}: no phrase in the file (one phrase per line)")
+    return phrases
 
 
 def _alignment_layer(opts: GenerateOptions, tr: Translator) -> int | None:
@@ -516,7 +580,8 @@ def _check_output_path(opts: GenerateOptions) -> None:
     used or any other checkpoint, or a file of a data or export directory (`nmtkit.outputs`)."""
     from nmtkit.outputs import check_output_file
 
-    inputs = [("--input", opts.input), ("--reference", opts.reference)] + [("--path", q) for q in opts.paths]
+    inputs = [("--input", opts.input), ("--reference", opts.reference), ("--avoid", opts.avoid),
+              ("--prefix", opts.prefix)] + [("--path", q) for q in opts.paths]
     check_output_file(opts.output, "--output", inputs)
 
 

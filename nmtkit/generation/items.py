@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nmtkit.search.config import Terms
+
 MAX_WARNINGS = 20  # over-long inputs named one by one; beyond that only counted
 DEFAULT_BATCH_SIZE = 128  # sentences per batch when neither batch_size nor max_tokens is given
 
@@ -31,6 +33,7 @@ class Item:
     ids: np.ndarray  # source dictionary ids without </s>, already truncated to the model limit
     target_ids: np.ndarray | None = None  # reference (binarized splits only), for T- lines
     text: str | None = None  # the raw input line (raw text only): a parsing model's tree gets its words
+    terms: Terms | None = None  # phrases to include or avoid, a target prefix (docs/generate.md, "Terminology")
 
 
 class Truncations:

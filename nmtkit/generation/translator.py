@@ -46,7 +46,8 @@ from nmtkit.backends.registry import ModelSource, check_combination, check_quant
 from nmtkit.errors import UserError
 from nmtkit.generation import forced
 from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
-from nmtkit.search.config import Hypothesis, SearchConfig, apply_search_settings, default_search
+from nmtkit.generation.terms import TermMaker
+from nmtkit.search.config import Hypothesis, SearchConfig, Terms, apply_search_settings, check_terms, default_search
 
 
 def _paths(path) -> list[str]:
@@ -122,6 +123,7 @@ class Translator:
         self.positional_scores = False  # per-token scores of every hypothesis, even where they cost a pass
         self._src_subword = None
         self._text_of = None
+        self._term_maker = None
         if self.task == "parsing":  # one bracketed tree per sentence, of its own words (docs/parsing.md)
             from nmtkit.parsing.pipeline import tree_writer
 
@@ -258,6 +260,58 @@ class Translator:
             return self._text_of(item, pieces)
         return self.tgt_subword.decode(pieces)
 
+    # -- terminology (docs/generate.md, "Terminology")
+
+    def terms(self, constraints: Sequence[str] | None = None, avoid: Sequence[str] | None = None,
+              prefix: str | None = None, ordered: bool = False, where: str = "sentence") -> Terms | None:
+        """One sentence's terms from text (None when it has none): `constraints`, phrases its
+        output must contain (`ordered`: in this order); `avoid`, phrases it must not contain (in
+        any segmentation); `prefix`, text it must start with. Segmented with the target subword
+        model; a mistake is a UserError naming `where` (`nmtkit.generation.terms`)."""
+        if self._term_maker is None:
+            self._term_maker = TermMaker(self.tgt_subword, self.tgt_dict)
+        return self._term_maker.make(constraints, avoid, prefix, ordered, where)
+
+    def attach_terms(self, items: Sequence[Item], constraints=None, avoid=None, prefix=None, ordered: bool = False,
+                     where: Callable[[int], str] = lambda i: f"sentence {i + 1}") -> None:
+        """Set each item's terms from per-sentence lists (None: no sentence has any): constraints
+        and avoid hold one list of phrases (or None) per item, prefix one string (or None)."""
+        for name, v in (("constraints", constraints), ("avoid", avoid), ("prefix", prefix)):
+            if v is not None and (isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) != len(items)):
+                got = f"{len(v)} entries" if isinstance(v, Sequence) and not isinstance(v, str) else repr(v)[:40]
+                raise UserError(f"{name} must be a list with one entry per sentence ({len(items)}), got {got}")
+        for k, it in enumerate(items):
+            c, a, p = (None if v is None else v[k] for v in (constraints, avoid, prefix))
+            it.terms = self.terms(c, a, p, ordered, where(it.index))
+
+    def _check_terms(self, items: Sequence[Item], cfg: SearchConfig) -> None:
+        """Refuse, naming the sentence, terms the engine or the search cannot honour
+        (`check_terms`: sampling, the beam, the output limit) or that an empty sentence has."""
+        todo = [it for it in items if it.terms]
+        if not todo:
+            return
+        self.engine.require_terms()
+        for it in todo:
+            if len(it.ids) == 0 and (it.terms.include or it.terms.prefix):
+                raise UserError(f"{it.terms.where}: an empty sentence has no translation to constrain")
+            limit = int(cfg.max_len_a * len(it.ids) + cfg.max_len_b)
+            check_terms(it.terms, cfg, limit if cfg.max_len_cap is None else min(limit, cfg.max_len_cap))
+
+    def _search(self, batch: list[Item], cfg: SearchConfig) -> list[list[Hypothesis]]:
+        """The engine's search of one batch; with terms, a sentence no output could satisfy is a
+        UserError naming it (a rule such as --no-repeat-ngram-size may forbid its phrases)."""
+        ids = [it.ids for it in batch]
+        terms = [it.terms for it in batch]
+        if not any(terms):
+            return self.engine.search(ids, cfg, self.positional_scores)
+        found = self.engine.search(ids, cfg, self.positional_scores, terms=terms)
+        for it, hyps in zip(batch, found):
+            if it.terms and (not hyps or hyps[0].score == float("-inf")):
+                raise UserError(f"{it.terms.where}: no output within the output limit starts with its prefix, contains "
+                                "its constraints and avoids its phrases under these search settings "
+                                "(--min-len, --no-repeat-ngram-size)")
+        return found
+
     # -- translating
 
     def translate_items(self, items: Sequence[Item], *, on_batch: Callable[[int], None] | None = None,
@@ -269,18 +323,22 @@ class Translator:
         `on_batch(n)` is called after each batch of n sentences (progress bars).
         """
         cfg = self.search_config(**search_settings)
+        self._check_terms(items, cfg)
         results: dict[int, list[Hypothesis]] = {}
         for batch in make_batches(list(items), self.max_tokens, self.batch_size):
-            found = self.engine.search([it.ids for it in batch], cfg, self.positional_scores)
+            found = self._search(batch, cfg)
             for it, hyps in zip(batch, found):
                 results[it.index] = hyps
             if on_batch is not None:
                 on_batch(len(batch))
         return results
 
-    def _run(self, sentences: Sequence[str], settings: dict) -> list[tuple[Item, list[Hypothesis] | None]]:
-        """(item, hypotheses) per sentence in order; None for an empty sentence (no model call)."""
+    def _run(self, sentences: Sequence[str], settings: dict, terms: dict) -> list[tuple[Item, list[Hypothesis] | None]]:
+        """(item, hypotheses) per sentence in order; None for an empty sentence (no model call).
+        `terms`: `attach_terms`' keyword arguments."""
         items = self.encode(sentences)
+        if any(v is not None for k, v in terms.items() if k != "ordered"):
+            self.attach_terms(items, **terms)
         results = self.translate_items(items, **settings)
         return [(it, results.get(it.index)) for it in items]
 
@@ -288,15 +346,18 @@ class Translator:
         """The output of a sentence without hypotheses: "" (a flat tree of its words when parsing)."""
         return "" if self._text_of is None else self._text_of(item, [])
 
-    def translate_nbest(self, sentences: Sequence[str], **search_settings) -> list[list[Translation]]:
-        """Per sentence, its hypotheses best first (at most `nbest`), as `Translation`s.
+    def translate_nbest(self, sentences: Sequence[str], *, constraints=None, avoid=None, prefix=None,
+                        ordered: bool = False, **search_settings) -> list[list[Translation]]:
+        """Per sentence, its hypotheses best first (at most `nbest`), as `Translation`s; the
+        terminology arguments are `translate`'s.
 
         An empty or whitespace-only sentence gives one empty translation with score 0 (the
         certain, empty, output; no model call). A search that found fewer than `nbest`
         hypotheses (tiny vocabularies) gives fewer: no padding, unlike the CLI's fixed line count.
         """
         out = []
-        for it, hyps in self._run(sentences, search_settings):
+        terms = dict(constraints=constraints, avoid=avoid, prefix=prefix, ordered=ordered)
+        for it, hyps in self._run(sentences, search_settings, terms):
             if hyps is None:
                 out.append([Translation(self._empty_text(it), [], Hypothesis(tokens=[], score=0.0, logprob=0.0))])
                 continue
@@ -307,13 +368,22 @@ class Translator:
             out.append(row)
         return out
 
-    def translate(self, sentences: Sequence[str], **search_settings) -> list[str]:
+    def translate(self, sentences: Sequence[str], *, constraints=None, avoid=None, prefix=None,
+                  ordered: bool = False, **search_settings) -> list[str]:
         """One output text per sentence, in order: the best hypothesis, detokenized (a tree on a
         parsing data directory); `""` for an empty sentence. Per-call `search_settings` override
-        the load-time ones for this call only."""
+        the load-time ones for this call only.
+
+        Terminology (docs/generate.md), each a list with one entry per sentence, or None:
+        `constraints`, per sentence a list of phrases (raw text) its output must contain, in any
+        order, or in the given order with `ordered=True`; `avoid`, per sentence a list of phrases
+        its output must not contain; `prefix`, per sentence the text its output must begin with
+        (or None). `translate(["Der Hauptbahnhof ist dort."], constraints=[["central station"]])`.
+        """
+        terms = dict(constraints=constraints, avoid=avoid, prefix=prefix, ordered=ordered)
         return [
             self.text(it, self.tgt_dict.string(hyps[0].tokens)) if hyps else self._empty_text(it)
-            for it, hyps in self._run(sentences, search_settings)
+            for it, hyps in self._run(sentences, search_settings, terms)
         ]
 
     # -- given targets: scores, attention weights, alignments (nmtkit.generation.forced)
@@ -436,7 +506,7 @@ class Translator:
         for it, tgt in zip(items, targets):
             if not isinstance(tgt, str):
                 raise UserError(f"target {it.index + 1} is a {type(tgt).__name__}, not a str")
-            if len(it.ids) == 0:
+            if len(it.ids) == 0 and (it.terms.include or it.terms.prefix):
                 raise UserError(f"source {it.index + 1}: empty source sentence (every pair needs a source and a target)")
             it.target_ids = self.target_ids(tgt, f"target {it.index + 1}")
         scores, _ = self.score_items(items)

@@ -25,6 +25,7 @@ Definitions used throughout (see docs/generate.md):
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Sequence
@@ -36,8 +37,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmtkit.search.config import (  # noqa: F401 - the search's vocabulary, re-exported
     BOS, EARLY_STOP, EOS, LENPEN_FORMS, LENPEN_LIMIT, PAD, UNK, Hypothesis,
-    SearchConfig, check_lenpen, length_penalty,
+    SearchConfig, Terms, check_lenpen, length_penalty,
 )
+from nmtkit.search.terms import TermBatch
 
 # --------------------------------------------------------------------------------------------
 # Ensembles: one object that looks like a single model to the search loops.
@@ -208,18 +210,31 @@ def _apply_rules(
 # Entry point.
 
 
-def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchConfig,
+           terms: Sequence[Terms | None] | None = None) -> list[list[Hypothesis]]:
     """Translate a batch; return, per sentence and in batch order, up to `cfg.nbest` hypotheses
     best first.
 
     src_tokens: (B, S) long, each row `tokens + [</s>]` right-padded with `<pad>`.
     `models`: one model or a sequence of models (an ensemble). Beam 1 (without sampling) is
     greedy search; sampling draws `beam` independent samples per sentence. An empty batch gives [].
+    `terms`: per sentence its `Terms` (phrases to include or avoid, a prefix) or None; when some
+    sentence has any, the batch is searched with dynamic beam allocation (`nmtkit.search.terms`;
+    at beam 1, beam search of 1 with fairseq's stopping rule, which is greedy search; not with
+    sampling), otherwise exactly as without them.
     """
     if src_tokens.size(0) == 0:  # nothing to decode (the searches below assume B >= 1)
         return []
     ens = _Ensemble(models if isinstance(models, (list, tuple)) else [models])
     with torch.inference_mode(), decoding_attention():
+        if terms is not None and any(terms):
+            if len(terms) != src_tokens.size(0):
+                raise ValueError(f"{len(terms)} terms for {src_tokens.size(0)} sentences")
+            if cfg.sampling:
+                raise ValueError("terms need beam search, not sampling")
+            if cfg.beam == 1:  # greedy search is beam search of 1 under fairseq's stopping rule
+                cfg = dataclasses.replace(cfg, early_stop="beam")
+            return _terms_beam_search(ens, src_tokens, cfg, terms)
         if cfg.sampling or cfg.beam == 1:
             return _independent_search(ens, src_tokens, cfg)
         return _beam_search(ens, src_tokens, cfg)
@@ -319,6 +334,36 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     return results
 
 
+def _terms_beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig,
+                       terms: Sequence[Terms | None]) -> list[list[Hypothesis]]:
+    """`_beam_search` with each sentence's terms: the same steps, with the terms' rules in the
+    scores and dynamic beam allocation instead of pruning by score (`TermBatch.select`).
+
+    Every finished hypothesis contains its sentence's phrases (`</s>` is banned until then), none
+    of its avoided sequences, and starts with its prefix; a sentence for which none could finish
+    gets a single hypothesis scored -inf (callers say so).
+    """
+    st = _beam_start(ens, src_tokens, cfg)
+    tb = TermBatch(terms, src_tokens.device)
+    results: list[list[Hypothesis]] = [[] for _ in range(src_tokens.size(0))]
+    for t in range(st.T + 1):
+        lprobs, eos_lp, eos_cum = _beam_scores(ens, st, t, cfg, tb)  # (N, V), (N,), (B', kc)
+        row_val, row_tok = row_topk(lprobs, min(cfg.beam, lprobs.size(1)))  # (N, kk)
+        top_lp, beam, tok, step_lp = tb.select(st.alive, lprobs, row_val, row_tok, t, st.tokens[:, 1 : t + 1],
+                                               cfg.beam, cfg.pad)  # (B', K) each
+        _beam_finish(st, t, top_lp, eos_lp, eos_cum, cfg)
+        done = _beam_done(st, t, top_lp, cfg)  # (B',)
+        keep = None
+        if bool(done.any()):
+            _beam_collect(st, done, results, cfg)
+            keep = (~done).nonzero().view(-1)  # (B'',)
+            if keep.numel() == 0:
+                break
+        _beam_reorder(ens, st, t, top_lp, beam, tok, step_lp, keep, cfg)
+        tb.advance(keep)
+    return results
+
+
 def _beam_start(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> _BeamState:
     """The state before step 0: one live row per sentence (`<s>`, log-prob 0), no finished one.
 
@@ -355,9 +400,10 @@ def _beam_start(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) -> 
 
 
 def _beam_scores(
-    ens: _Ensemble, st: _BeamState, t: int, cfg: SearchConfig
+    ens: _Ensemble, st: _BeamState, t: int, cfg: SearchConfig, terms: TermBatch | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step t's log-probs for every live row, the per-step rules applied, with `</s>` set apart.
+    """Step t's log-probs for every live row, the per-step rules (and `terms`' rules) applied,
+    with `</s>` set apart.
 
     Returns lprobs (N, V) with the `</s>` column at -inf (so that pruning only sees live
     extensions: a `</s>` extension is never live, it can only finish), eos_lp (N,) the `</s>`
@@ -365,6 +411,8 @@ def _beam_scores(
     """
     lprobs = ens.step(st.tokens[:, t : t + 1], st.encs, st.caches)  # (N, V)
     _apply_rules(lprobs, t, st.tokens[:, 1 : t + 1], st.row_max_len, st.row_min_len, cfg)
+    if terms is not None:
+        terms.mask(lprobs, t, st.tokens[:, 1 : t + 1], st.kc, cfg.eos)
     eos_lp = lprobs[:, cfg.eos].clone()  # (N,)
     eos_cum = (st.alive.view(-1) + eos_lp).view(st.n_active, st.kc)  # (B', kc)
     lprobs[:, cfg.eos] = -math.inf

@@ -172,3 +172,79 @@ def apply_search_settings(base: SearchConfig, overrides: dict) -> SearchConfig:
     if not cfg.sampling and (cfg.topk or cfg.topp or cfg.temperature != 1.0):
         raise UserError("search settings: topk, topp and temperature apply only with sampling=True")
     return cfg
+
+
+@dataclass(frozen=True)
+class Avoided:
+    """One avoided phrase as every id sequence that spells it: a graph over the positions
+    0..`end` of its text, with an edge (i, j, id) when the piece `id` spells its characters i..j.
+    An output contains the phrase when some run of its ids follows edges from 0 to `end`.
+
+    Why a graph and not a list of sequences: a word of 11 letters has thousands of spellings in
+    a vocabulary with every letter; its graph has a few dozen edges.
+    """
+
+    end: int
+    edges: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def sequence(cls, ids) -> Avoided:
+        """The phrase spelt by `ids` alone (token k spans positions k..k+1)."""
+        return cls(len(ids), tuple((k, k + 1, int(v)) for k, v in enumerate(ids)))
+
+    def found_in(self, ids) -> bool:
+        """Whether some run of `ids` spells the phrase."""
+        reached: set[int] = set()
+        for v in ids:
+            reached = {j for i, j, e in self.edges if e == v and (i == 0 or i in reached)}
+            if self.end in reached:
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class Terms:
+    """One sentence's lexical rules, as target dictionary ids (docs/generate.md, "Terminology").
+
+    `include`: phrases every output must contain (positive constraints), each a contiguous run
+    of ids; `ordered`: they must appear in the given order, without overlapping (otherwise in any
+    order, each at least once, overlaps allowed). `avoid`: phrases no output may contain, each an
+    `Avoided` (every spelling of the phrase; a tuple of ids is taken as that one spelling).
+    `prefix`: ids every output starts with. `where` names the sentence in errors (`in.de:3`); it
+    takes no part in the search.
+    """
+
+    include: tuple[tuple[int, ...], ...] = ()
+    ordered: bool = False
+    avoid: tuple[Avoided, ...] = ()
+    prefix: tuple[int, ...] = ()
+    where: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        avoid = tuple(a if isinstance(a, Avoided) else Avoided.sequence(a) for a in self.avoid)
+        object.__setattr__(self, "avoid", avoid)
+
+    def __bool__(self) -> bool:
+        return bool(self.include or self.avoid or self.prefix)
+
+    @property
+    def tokens_needed(self) -> int:
+        """Output tokens the prefix and the positive phrases take when none overlap: at most the
+        output limit (`check_terms`)."""
+        return len(self.prefix) + sum(len(p) for p in self.include)
+
+
+def check_terms(terms: Terms, cfg: SearchConfig, max_len: int) -> None:
+    """UserError naming `terms.where` when the search could not honour `terms` under `cfg` for a
+    sentence whose output limit is `max_len` tokens: with sampling, with more positive phrases
+    than the beam has room for (a beam of K keeps a hypothesis for each count 0..K-1 of phrases
+    met), or with phrases and prefix longer than the output limit."""
+    where = terms.where or "sentence"
+    if cfg.sampling:
+        raise UserError(f"{where}: constraints, avoided phrases and prefixes need beam search; drop sampling")
+    if len(terms.include) > cfg.beam - 1:
+        raise UserError(f"{where}: {len(terms.include)} constraint(s) need a beam of at least "
+                        f"{len(terms.include) + 1} (one hypothesis per count of phrases met); got beam {cfg.beam}")
+    if terms.tokens_needed > max_len:
+        raise UserError(f"{where}: the prefix and constraints take {terms.tokens_needed} target tokens; "
+                        f"this sentence's output limit is {max_len} (--max-len-a/--max-len-b)")

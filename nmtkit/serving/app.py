@@ -2,7 +2,8 @@
 
     GET  /health     200 {"status": "ok"} once the model is loaded, 503 before
     GET  /info       the model, languages, architecture, checkpoint sha256, defaults and limits
-    POST /translate  {"text": ["...", ...], "beam"?, "lenpen"?, "nbest"?, "scores"?}
+    POST /translate  {"text": ["...", ...], "beam"?, "lenpen"?, "nbest"?, "scores"?,
+                      "constraints"?, "ordered"?, "avoid"?, "prefix"?}
                      -> 200 {"translations": [...]} in the request's order
     POST /attention  {"text": "...", "target"?, "layer"?, "head"?} -> one layer's cross-attention
                      (nmtkit.serving.attention; 501 for an engine without attention weights)
@@ -46,7 +47,7 @@ from nmtkit.serving.batcher import Batcher, Job, QueueFull
 from nmtkit.serving.logs import printable
 
 RETRY_AFTER = "1"  # seconds: a full queue drains within about a batch's time
-FIELDS = ("text", "beam", "lenpen", "nbest", "scores")
+FIELDS = ("text", "beam", "lenpen", "nbest", "scores", "constraints", "ordered", "avoid", "prefix")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class TranslateRequest:
     sentences: list[str]
     settings: dict  # search settings of this request only (SearchConfig names)
     scores: bool = False
+    terms: dict | None = None  # constraints / avoid / prefix (per sentence) and ordered: Translator's arguments
 
 
 def _int(name: str, v: Any) -> int:
@@ -100,7 +102,55 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
     scores = obj.get("scores", False)
     if not isinstance(scores, bool):
         raise RequestError(400, f'"scores" must be true or false, got {json.dumps(scores)}')
-    return TranslateRequest(sentences, settings, scores)
+    return TranslateRequest(sentences, settings, scores, _terms(obj, len(sentences)))
+
+
+def _terms(obj: dict, n: int) -> dict | None:
+    """The terminology fields, checked for shape (400 naming the field and entry): "constraints"
+    and "avoid", per sentence null or a list of strings; "prefix", per sentence null or a string;
+    "ordered", true or false. What the phrases are as subwords the translator checks."""
+    terms: dict = {}
+    for name in ("constraints", "avoid", "prefix"):
+        if obj.get(name) is None:
+            continue
+        v = obj[name]
+        if not isinstance(v, list) or len(v) != n:
+            raise RequestError(400, f'"{name}" must be a list with one entry per sentence of "text" ({n}), '
+                                    f"got {json.dumps(v)[:40]}")
+        for i, x in enumerate(v):
+            if name == "prefix":
+                ok = x is None or isinstance(x, str)
+            else:
+                ok = x is None or (isinstance(x, list) and all(isinstance(p, str) for p in x))
+            if not ok:
+                want = "null or a string" if name == "prefix" else "null or a list of strings"
+                raise RequestError(400, f'"{name}"[{i}] must be {want}, got {json.dumps(x)[:40]}')
+        terms[name] = v
+    ordered = obj.get("ordered", False)
+    if not isinstance(ordered, bool):
+        raise RequestError(400, f'"ordered" must be true or false, got {json.dumps(ordered)[:40]}')
+    if not terms:
+        return None
+    return {**terms, "ordered": ordered}
+
+
+def check_terms(translator, req: TranslateRequest) -> None:
+    """The request's phrases through the translator's own checks (the engine's support, an empty
+    phrase, unknown subwords, a phrase that contains an avoided one), as RequestError(400)
+    naming "text"[i]."""
+    if req.terms is None:
+        return
+    t = req.terms
+    try:
+        translator.engine.require_terms()  # an export's runtime: one line naming it
+    except UserError as e:
+        raise RequestError(400, str(e)) from None
+    for i in range(len(req.sentences)):
+        c, a, p = (None if t.get(name) is None else t[name][i] for name in ("constraints", "avoid", "prefix"))
+        try:
+            translator.terms(c, a, p, t["ordered"], f'"text"[{i}]')
+        except UserError as e:
+            raise RequestError(400, str(e)) from None
 
 
 def _json_object(body: bytes, fields: tuple[str, ...] = FIELDS) -> dict:
@@ -311,21 +361,7 @@ def build_app(state: ServerState, lifespan=None):
         try:
             if not state.ready:
                 raise RequestError(503, "the model is still loading", {"Retry-After": RETRY_AFTER})
-            body = await _read_body(request, state.limits.max_body_bytes, state.body_timeout)
-            req = parse_request(body, state.limits, state.batcher.translator.search)
-            scope_state["sentences"] = len(req.sentences)
-            batcher = state.batcher
-            try:
-                job = batcher.submit(req.sentences, req.settings)
-            except UserError as e:  # an impossible combination: nbest above beam, ...
-                raise RequestError(400, str(e)) from None
-            except QueueFull as e:
-                raise RequestError(503, str(e), {"Retry-After": RETRY_AFTER}) from None
-            rows = await _wait(request, batcher, job, scope_state)
-            if rows is None:
-                return JSONResponse({"error": "the client went away"}, status_code=499)
-            scope_state["batch"] = job.batch_sentences
-            return JSONResponse(response_body(rows, job.key.nbest, req.scores))
+            return await _translate(state, request, scope_state)
         except RequestError as e:
             return _error(e.status, e.message, e.headers)
         except ClientGone:
@@ -393,6 +429,30 @@ async def _attention(state: ServerState, request):
     except ClientGone:
         scope_state["gone"] = "while sending its request"
         return JSONResponse({"error": "the client went away"}, status_code=499)
+
+async def _translate(state: ServerState, request, scope_state: dict):
+    """One /translate request on a ready server: read and check it, queue it, await its rows."""
+    from starlette.responses import JSONResponse
+
+    body = await _read_body(request, state.limits.max_body_bytes, state.body_timeout)
+    req = parse_request(body, state.limits, state.batcher.translator.search)
+    scope_state["sentences"] = len(req.sentences)
+    batcher = state.batcher
+    check_terms(batcher.translator, req)
+    try:
+        job = batcher.submit(req.sentences, req.settings, req.terms)
+    except UserError as e:  # an impossible combination: nbest above beam, ...
+        raise RequestError(400, str(e)) from None
+    except QueueFull as e:
+        raise RequestError(503, str(e), {"Retry-After": RETRY_AFTER}) from None
+    try:
+        rows = await _wait(request, batcher, job, scope_state)
+    except UserError as e:  # terms the search cannot honour (the beam, the output limit)
+        raise RequestError(400, str(e)) from None
+    if rows is None:
+        return JSONResponse({"error": "the client went away"}, status_code=499)
+    scope_state["batch"] = job.batch_sentences
+    return JSONResponse(response_body(rows, job.key.nbest, req.scores))
 
 
 async def _wait(request, batcher: Batcher, job: Job, scope_state: dict):

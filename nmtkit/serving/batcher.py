@@ -49,6 +49,14 @@ class Job:
     future: Future = field(default_factory=Future)  # -> list[list[Translation]], one list per sentence
     batch_sentences: int = 0  # set when it runs: the sentences searched in its batch (its own included)
     call: Callable[[Any], Any] | None = None  # a job of its own: call(translator) instead of a translation
+    # terminology: "constraints", "avoid", "prefix" (per-sentence lists or None) and "ordered",
+    # the Translator's keyword arguments; None: none (docs/serve.md)
+    terms: dict | None = None
+
+    @property
+    def group(self) -> Hashable:
+        """Jobs with equal groups may share a batch: the same search, the same phrase order rule."""
+        return self.key, bool(self.terms and self.terms.get("ordered"))
 
 
 @dataclass
@@ -90,13 +98,14 @@ class Batcher:
         the translator's UserError for an impossible setting (nbest above beam, ...)."""
         return self.translator.search_config(**settings)
 
-    def submit(self, sentences: Sequence[str], settings: dict | None = None) -> Job:
+    def submit(self, sentences: Sequence[str], settings: dict | None = None, terms: dict | None = None) -> Job:
         """Queue one request; its `future` gets one list of `Translation`s per sentence, in order.
+        `terms`: the request's terminology (`Job.terms`), or None.
 
         Raises QueueFull when its sentences do not fit in the queue, or after `close()`.
         """
         settings = dict(settings or {})
-        return self._enqueue(Job(list(sentences), settings, self.key(settings), time.monotonic()))
+        return self._enqueue(Job(list(sentences), settings, self.key(settings), time.monotonic(), terms=terms or None))
 
     def _enqueue(self, job: Job) -> Job:
         with self._cond:
@@ -162,7 +171,7 @@ class Batcher:
                     self._cond.wait()
                     continue
                 first = self._queue[0]
-                company = sum(len(j.sentences) for j in self._queue if j.key == first.key)
+                company = sum(len(j.sentences) for j in self._queue if j.group == first.group)
                 left = first.arrived + self.max_wait - time.monotonic()
                 if self._closing or company >= self.max_batch_sentences or left <= 0:
                     break
@@ -170,7 +179,7 @@ class Batcher:
             # The oldest request and, in arrival order, every other one with its settings that fits.
             take, keep, n = [], deque(), 0
             for j in self._queue:
-                if j.key == first.key and (not take or n + len(j.sentences) <= self.max_batch_sentences):
+                if j.group == first.group and (not take or n + len(j.sentences) <= self.max_batch_sentences):
                     take.append(j)
                     n += len(j.sentences)
                 else:
@@ -195,7 +204,7 @@ class Batcher:
         sentences = [s for j in jobs for s in j.sentences]
         t0 = time.perf_counter()
         try:
-            rows = self.translator.translate_nbest(sentences, **jobs[0].settings)
+            rows = self.translator.translate_nbest(sentences, **jobs[0].settings, **_terms(jobs))
         except Exception as e:  # noqa: BLE001 - reaches the request(s) at fault only
             if len(jobs) > 1:  # one request's input must not fail the others: each alone
                 for j in jobs:
@@ -226,3 +235,16 @@ class Batcher:
             job.future.set_exception(e)
             raise
         job.future.set_result(result)
+
+
+def _terms(jobs: list[Job]) -> dict:
+    """The terminology keyword arguments of the jobs' sentences together ({}: none has any):
+    each per-sentence list is the jobs' lists end to end, None for a job without it."""
+    if not any(j.terms for j in jobs):
+        return {}
+    out: dict = {"ordered": bool(jobs[0].terms and jobs[0].terms.get("ordered"))}  # one group: the same rule
+    for name in ("constraints", "avoid", "prefix"):
+        if any(j.terms and j.terms.get(name) is not None for j in jobs):
+            out[name] = [x for j in jobs
+                         for x in ((j.terms or {}).get(name) or [None] * len(j.sentences))]
+    return out

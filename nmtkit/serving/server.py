@@ -154,6 +154,7 @@ def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) 
         "device": str(tr.device), "precision": opts.precision,
         "data": data_description(getattr(tr, "model_source", None)),
         "attention": bool(getattr(tr.engine, "teacher_forcing", False)),
+        "terminology": bool(getattr(tr.engine, "constraints", False)),
         "defaults": {name: getattr(tr.search, name) for name in SEARCH_SETTINGS},
         "limits": {"max_request_sentences": limits.max_request_sentences,
                    "max_sentence_chars": limits.max_sentence_chars, "max_beam": limits.max_beam,

@@ -39,7 +39,8 @@ How nmtkit's search settings map onto CTranslate2 (docs/export.md has the table)
 - refused, in one line naming the flag (`unsupported`, and the class attributes read by
   `nmtkit.backends.registry.check_combination`): `--lenpen-form gnmt` (unless `--lenpen 0`),
   `--early-stop bound|none` with a beam, `--unk-penalty`, `--ema` and `--quantize` (chosen at
-  export time), ensembles, and scores of given targets, alignments and attention.
+  export time), ensembles, scores of given targets, alignments and attention, and terminology
+  (constraints, avoided phrases, prefixes: `Engine.constraints` is False).
 
 `Hypothesis.positional_scores` (fairseq format's P- lines) cost a forced-decoding pass
 (`score_batch`); they are filled when the caller asks for them (`nmtkit generate --format

@@ -74,7 +74,7 @@ def _front_matter(ctx, bleu) -> list[str]:
     if bleu is not None:
         out += ["model-index:", f"- name: {Path(ctx.opts.output).name}", "  results:",
                 "  - task:", "      type: translation", f"      name: Translation {src}-{tgt}",
-                "    metrics:", "    - type: bleu", f"      value: {bleu[0]}", f"      name: BLEU",
+                "    metrics:", "    - type: bleu", f"      value: {bleu[0]}", "      name: BLEU",
                 f"      args: {json.dumps(bleu[1])}"]
     return out + ["---", ""]
 

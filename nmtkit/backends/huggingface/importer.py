@@ -24,8 +24,6 @@ encoder and decoder of different widths.
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
 import shutil
 from dataclasses import dataclass

@@ -5,7 +5,7 @@ languages checked against the data directory's, `--ema` weights, the cast to a p
 prepacked fp32 linear layers on CPU, or int8 ones with `--quantize int8` (nmtkit.models.quantize).
 The search is `nmtkit.search.beam.search`; scores of given targets and attention weights come
 from teacher-forced passes (`nmtkit.backends.pytorch.forced`). This engine supports every search
-setting and every inspection.
+setting, every inspection and terminology (`nmtkit.search.terms`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from nmtkit.device import keep_freed_cpu_memory, resolve_device
 from nmtkit.errors import UserError
 from nmtkit.models.loading import LoadedModels, load_models, precision_dtype
 from nmtkit.search.beam import search
-from nmtkit.search.config import Hypothesis, SearchConfig
+from nmtkit.search.config import Hypothesis, SearchConfig, Terms
 
 
 def collate_source(rows: Sequence[np.ndarray], eos: int, pad: int) -> torch.Tensor:
@@ -61,6 +61,7 @@ class TorchEngine(Engine):
     ensembles = True
     runs_ema = True
     quantizes = True
+    constraints = True  # nmtkit.search.terms
 
     def __init__(self, loaded: LoadedModels, device: torch.device, src_dict, tgt_dict):
         self.loaded = loaded
@@ -93,8 +94,8 @@ class TorchEngine(Engine):
         return collate_source(rows, self.src_eos, self.src_pad).to(self.device)  # (B, S)
 
     def search(self, sources: Sequence[np.ndarray], cfg: SearchConfig,
-               positional_scores: bool = False) -> list[list[Hypothesis]]:
-        return search(self.models, self._source(sources), cfg)
+               positional_scores: bool = False, terms: Sequence[Terms | None] | None = None) -> list[list[Hypothesis]]:
+        return search(self.models, self._source(sources), cfg, terms)
 
     def layers(self, kind: str) -> int:
         return min(len(m.attention_modules(kind)) for m in self.models)
