@@ -24,7 +24,7 @@ from nmtkit.errors import UserError
 
 CHECKPOINT = "checkpoint"  # nmtkit's own checkpoints, run by PyTorch
 # export format -> its package (convert.py + engine.py); the first is `nmtkit export`'s default
-FORMATS = {"ctranslate2": "nmtkit.backends.ctranslate2"}
+FORMATS = {"ctranslate2": "nmtkit.backends.ctranslate2", "onnx": "nmtkit.backends.onnx"}
 _TORCH = "nmtkit.backends.pytorch"
 
 
