@@ -374,14 +374,20 @@ def prepare(model, src_tokens: list[str], tgt_tokens: list[str]) -> Prepared:
 def quantize(folder: Path) -> None:
     """Replace both graphs by their int8 versions: MatMul with a constant weight (the
     projections, the feed-forward layers and the output layer), not the attention products."""
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    for name in (ENCODER_FILE, DECODER_FILE):
-        src = folder / name
-        tmp = folder / f".{name}.int8"
-        quantize_dynamic(src, tmp, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                         nodes_to_exclude=_attention_nodes(src))
-        tmp.replace(src)
+    logging.disable(logging.WARNING)  # its advice to pre-process image models, on the root logger
+    try:
+        for name in (ENCODER_FILE, DECODER_FILE):
+            src = folder / name
+            tmp = folder / f".{name}.int8"
+            quantize_dynamic(src, tmp, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                             nodes_to_exclude=_attention_nodes(src))
+            tmp.replace(src)
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _attention_nodes(path: Path) -> list[str]:
