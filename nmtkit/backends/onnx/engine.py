@@ -64,6 +64,9 @@ class Graphs:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # no arena: the caches grow every step and the batch shrinks, so an arena keeps the
+        # largest of each size class (measured: 45 MiB more peak RSS at batch 128, no faster)
+        opts.enable_cpu_mem_arena = False
         sessions = [ort.InferenceSession(str(Path(folder) / f), opts, providers=["CPUExecutionProvider"])
                     for f in (ENCODER_FILE, DECODER_FILE)]
         return cls(*sessions)
@@ -91,7 +94,11 @@ class Graphs:
         return out[0], out[1:]
 
     def select_cache(self, cache: list[np.ndarray], order: np.ndarray) -> list[np.ndarray]:
-        return [c.take(order, axis=0) for c in cache]
+        """Rows reordered in place in the list: each layer's old copy is freed before the next
+        one is made (one cache and one layer in memory, not two caches)."""
+        for i, c in enumerate(cache):
+            cache[i] = c.take(order, axis=0)
+        return cache
 
     def select_enc(self, enc: EncoderState, order: np.ndarray) -> EncoderState:
         """Row i <- old row order[i]: the sentences' rows are kept (or copied per row when the
