@@ -19,6 +19,7 @@ attention.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,8 @@ class Graphs:
         # no arena: the caches grow every step and the batch shrinks, so an arena keeps the
         # largest of each size class (measured: 45 MiB more peak RSS at batch 128, no faster)
         opts.enable_cpu_mem_arena = False
+        if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":  # as torch's and CTranslate2's threads:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # no spinning on a busy machine
         sessions = [ort.InferenceSession(str(Path(folder) / f), opts, providers=["CPUExecutionProvider"])
                     for f in (ENCODER_FILE, DECODER_FILE)]
         return cls(*sessions)
