@@ -253,3 +253,30 @@ def test_without_onnxruntime_one_line_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(UserError, match=r"^the ONNX Runtime is not installed: pip install 'nmtkit\[onnx\]'$"):
         convert.import_onnxruntime()
+
+
+def test_the_documented_loop_without_nmtkit_gives_greedy_search(wm, monkeypatch):
+    """docs/export.md's greedy loop (onnxruntime and sentencepiece alone) gives nmtkit's greedy
+    output; sentencepiece is stood in for by whitespace splitting (this data has no subwords)."""
+    import re
+    import types
+
+    from nmtkit import Translator
+
+    doc = (REPO / "docs" / "export.md").read_text(encoding="utf-8")
+    code = next(b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "import onnxruntime as ort" in b)
+    info = json.loads((wm["out"] / "nmtkit.json").read_text())
+    dicts = {lang: e["file"] for lang, e in info["data"]["dictionaries"].items() if isinstance(e, dict)}
+    code = code.replace('d = "m30k-onnx"', f'd = {str(wm["out"])!r}').replace(
+        'f"{d}/dict.{lang}.txt"', 'f"{d}/" + DICTS[lang]').replace('print(translate("Ein Mann schläft."))', "")
+    fake = types.ModuleType("sentencepiece")
+    fake.SentencePieceProcessor = lambda model_file: types.SimpleNamespace(
+        encode=lambda s, out_type: s.split(), decode=lambda pieces: " ".join(pieces))
+    monkeypatch.setitem(sys.modules, "sentencepiece", fake)
+    ns = {"DICTS": dicts}
+    exec(compile(code, "docs/export.md", "exec"), ns)
+    lines = [x for x in wm["inputs"].read_text(encoding="utf-8").splitlines() if x.strip()]
+    limit = PRE.max_target_positions - 1
+    want = Translator.load(wm["out"], threads=1, beam=1, max_len_a=0.0, max_len_b=limit).translate(lines)
+    assert [ns["translate"](x, max_len=limit) for x in lines] == want
+    assert any(want)
