@@ -212,7 +212,6 @@ def test_the_engine_never_imports_torch(wm):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--sampling"], "--sampling: the ONNX Runtime engine searches (beam or greedy) but does not sample"),
     (["--precision", "bf16"], "--precision bf16: the ONNX export runs in float32"),
     (["--device", "cuda"], "--device cuda: the ONNX Runtime engine runs on the CPU"),
     (["--quantize", "int8"], "runs with the weight type chosen when it was exported"),
@@ -280,3 +279,17 @@ def test_the_documented_loop_without_nmtkit_gives_greedy_search(wm, monkeypatch)
     want = Translator.load(wm["out"], threads=1, beam=1, max_len_a=0.0, max_len_b=limit).translate(lines)
     assert [ns["translate"](x, max_len=limit) for x in lines] == want
     assert any(want)
+
+
+def test_sampling_on_the_export_is_seeded(wm):
+    from nmtkit import Translator
+
+    lines = [x for x in wm["inputs"].read_text(encoding="utf-8").splitlines() if x.strip()]
+    tr = Translator.load(wm["out"], threads=1, sampling=True, beam=4, nbest=4, seed=7)
+    texts = lambda res: [[t.text for t in r] for r in res]  # noqa: E731
+    first = tr.translate_nbest(lines)
+    assert texts(first) == texts(tr.translate_nbest(lines))  # --seed: the same samples on every call
+    assert all(len(r) == 4 and [t.score for t in r] == sorted((t.score for t in r), reverse=True) for r in first)
+    assert len({t.text for r in first for t in r}) > len(lines)  # they are samples
+    greedy = Translator.load(wm["out"], threads=1, beam=1).translate(lines)
+    assert [r[0].text for r in tr.translate_nbest(lines, topk=1)] == greedy

@@ -158,7 +158,37 @@ def test_row_topk_is_the_sorted_top_k(V, k):
     assert (np.diff(v[2:], axis=1) <= 0).all()
 
 
-def test_empty_batch_and_sampling():
+def test_empty_batch():
     assert arrays.search(None, np.zeros((0, 1), np.int64), SearchConfig()) == []
-    with pytest.raises(ValueError, match="sampling"):
-        arrays.search(None, np.zeros((1, 1), np.int64), SearchConfig(sampling=True))
+
+
+def test_sampling_filter_equals_native():
+    """Temperature, top-k and top-p keep the tokens native sampling keeps, with the same logits."""
+    from nmtkit.search.beam import _filter_for_sampling
+
+    rng = np.random.default_rng(0)
+    x = np.log(rng.dirichlet(np.full(50, 0.3), size=20)).astype(np.float32)
+    for extra in (dict(topk=5), dict(topp=0.7), dict(topk=10, topp=0.5, temperature=0.7), dict(temperature=2.0)):
+        cfg = SearchConfig(sampling=True, **extra)
+        mine, native = arrays.filter_for_sampling(x, cfg), _filter_for_sampling(torch.from_numpy(x), cfg).numpy()
+        assert np.array_equal(np.isneginf(mine), np.isneginf(native)), extra
+        assert np.allclose(mine[~np.isneginf(mine)], native[~np.isneginf(native)])
+
+
+def test_sampling_is_seeded_scored_by_the_model_and_top1_is_greedy(reverser):
+    from tests.test_search import rescore
+
+    src = src_batch(REV_SRCS).numpy()
+    cfg = SearchConfig(sampling=True, beam=6, nbest=6, seed=3)
+    a = arrays.search(AsArrays(reverser), src, cfg)
+    assert a == arrays.search(AsArrays(reverser), src, cfg)  # the same seed, the same samples
+    other = arrays.search(AsArrays(reverser), src, SearchConfig(sampling=True, beam=6, nbest=6, seed=4))
+    assert [h.tokens for hs in a for h in hs] != [h.tokens for hs in other for h in hs]
+    assert sum(len({tuple(h.tokens) for h in hs}) > 1 for hs in a) >= 3  # they are samples
+    for row, hyps in zip(REV_SRCS, a):  # a sample's scores are the model's log-probs (no temperature)
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:
+            assert h.positional_scores == pytest.approx(rescore(reverser, row, h.tokens), abs=1e-4)
+    greedy = run_both(reverser, REV_SRCS, SearchConfig(beam=1), tol=1e-4)
+    top1 = arrays.search(AsArrays(reverser), src, SearchConfig(sampling=True, beam=3, nbest=3, topk=1, seed=1))
+    assert all(h.tokens == g[0].tokens for g, hs in zip(greedy, top1) for h in hs)

@@ -7,7 +7,8 @@ over numpy: the same per-step rules (`<pad>` / `<s>` banned, `--min-len`, the ou
 not `</s>`), the same finished lists, length penalties and stopping rules (`--early-stop bound`,
 `beam`, `none`), the same float32 arithmetic. tests/test_search_arrays.py holds it equal to the
 native search (the same hypotheses, scores within float32 rounding) on the test models.
-Sampling is not here (its random numbers are torch's); engines that use this search refuse it.
+Sampling draws from the same filtered distributions (temperature, top-k, top-p) with numpy's
+generator: other samples than native's for the same `--seed`, reproducible with it.
 
 The model interface mirrors the native one (docs/internals.md), over arrays:
 
@@ -108,13 +109,13 @@ def apply_rules(lprobs: np.ndarray, t: int, gen: np.ndarray, row_max_len: np.nda
 
 def search(model: Any, src_tokens: np.ndarray, cfg: SearchConfig) -> list[list[Hypothesis]]:
     """Up to `cfg.nbest` hypotheses per sentence, best first, in batch order (`nmtkit.search.beam.search`
-    without ensembles and sampling). src_tokens: (B, S) int64, rows `ids + [</s>]` right-padded."""
-    if cfg.sampling:
-        raise ValueError("sampling is not implemented over arrays")
+    without ensembles). src_tokens: (B, S) int64, rows `ids + [</s>]` right-padded. Sampling draws
+    from numpy's generator (seeded by `cfg.seed`): the same distributions as native sampling, other
+    random numbers."""
     if src_tokens.shape[0] == 0:
         return []
-    if cfg.beam == 1:
-        return _greedy(model, src_tokens, cfg)
+    if cfg.sampling or cfg.beam == 1:
+        return _independent(model, src_tokens, cfg)
     return _beam_search(model, src_tokens, cfg)
 
 
@@ -291,29 +292,66 @@ def _beam_reorder(model: Any, st: _BeamState, t: int, top_lp, beam, tok, step_lp
     st.cache = model.select_cache(st.cache, order)
 
 
-# ---- greedy search --------------------------------------------------------------------------------
+# ---- greedy search and sampling ------------------------------------------------------------------
 
 
-def _greedy(model: Any, src_tokens: np.ndarray, cfg: SearchConfig) -> list[list[Hypothesis]]:
-    """The arg-max token per row until `</s>` or the limit; rows that end leave the batch
-    (`nmtkit.search.beam._independent_search` without sampling)."""
-    B = src_tokens.shape[0]
-    max_len = max_lengths(src_tokens, cfg)  # (B,)
+def filter_for_sampling(lprobs: np.ndarray, cfg: SearchConfig) -> np.ndarray:
+    """Logits to sample from (N, V): temperature, then top-k, then top-p (the smallest prefix of
+    the sorted distribution whose mass reaches p; the most likely token always stays), as
+    `nmtkit.search.beam._filter_for_sampling`."""
+    logits = lprobs / np.float32(cfg.temperature)
+    if 0 < cfg.topk < logits.shape[1]:
+        kth = topk(logits, cfg.topk)[0][:, -1:]  # (N, 1)
+        logits = np.where(logits < kth, NEG_INF, logits)
+    if 0.0 < cfg.topp < 1.0:
+        order = np.argsort(-logits, axis=1, kind="stable")
+        probs = _softmax(np.take_along_axis(logits, order, 1))
+        drop_sorted = (np.cumsum(probs, axis=1) - probs) >= np.float32(cfg.topp)
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, 1)
+        logits = np.where(drop, NEG_INF, logits)
+    return logits
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _sample(lprobs: np.ndarray, rng: np.random.Generator, cfg: SearchConfig) -> np.ndarray:
+    """One token per row (N,), drawn from the filtered distribution by its inverse CDF (a token
+    of probability 0 is never drawn: u < the total mass)."""
+    cdf = np.cumsum(_softmax(filter_for_sampling(lprobs, cfg).astype(np.float64)), axis=1)  # (N, V)
+    u = rng.random(len(cdf))[:, None] * cdf[:, -1:]
+    return np.minimum((cdf <= u).sum(axis=1), cdf.shape[1] - 1)
+
+
+def _independent(model: Any, src_tokens: np.ndarray, cfg: SearchConfig) -> list[list[Hypothesis]]:
+    """Greedy search (the arg-max token) or sampling (`beam` samples per sentence) until `</s>` or
+    the limit; rows that end leave the batch (`nmtkit.search.beam._independent_search`)."""
+    B, S = src_tokens.shape[0], cfg.beam if cfg.sampling else 1
+    rng = np.random.default_rng(cfg.seed) if cfg.sampling else None
+    max_len = np.repeat(max_lengths(src_tokens, cfg), S)  # (N,)
     min_len = np.minimum(max_len, cfg.min_len)
-    T = int(max_len.max())
-    tokens = np.full((B, T + 2), cfg.pad, dtype=np.int64)
+    T, N = int(max_len.max()), B * S
+    tokens = np.full((N, T + 2), cfg.pad, dtype=np.int64)
     tokens[:, 0] = cfg.bos
-    pos = np.zeros((B, T + 1), np.float32)
-    rows = np.arange(B)
-    out_tokens, out_pos = np.full((B, T + 1), cfg.pad, np.int64), np.zeros((B, T + 1), np.float32)
-    out_len = np.zeros(B, np.int64)
+    pos, rows = np.zeros((N, T + 1), np.float32), np.arange(N)
+    out_tokens, out_pos = np.full((N, T + 1), cfg.pad, np.int64), np.zeros((N, T + 1), np.float32)
+    out_len = np.zeros(N, np.int64)
     enc, cache = model.encode(src_tokens), model.new_cache()
+    if S > 1:  # the samples of a sentence share its encoder rows
+        enc = model.select_enc(enc, np.repeat(np.arange(B), S))
     for t in range(T + 1):
         lprobs, cache = model.step(tokens[:, t], enc, cache)  # (N', V)
         apply_rules(lprobs, t, tokens[:, 1 : t + 1], max_len, min_len, cfg)
-        tok_lp, tok = row_topk(lprobs, 1)  # (N', 1)
-        tokens[:, t + 1], pos[:, t] = tok[:, 0], tok_lp[:, 0]
-        ended = (tok[:, 0] == cfg.eos) | (max_len <= t)
+        if rng is not None:
+            tok = _sample(lprobs, rng, cfg)
+            tok_lp = lprobs[np.arange(len(tok)), tok]  # the model's log-prob, without the temperature
+        else:
+            tok_lp, tok = (x[:, 0] for x in row_topk(lprobs, 1))
+        tokens[:, t + 1], pos[:, t] = tok, tok_lp
+        ended = (tok == cfg.eos) | (max_len <= t)
         if ended.any():
             out_tokens[rows[ended]], out_pos[rows[ended]], out_len[rows[ended]] = tokens[ended, 1:], pos[ended], t
             keep = np.flatnonzero(~ended)
@@ -321,10 +359,16 @@ def _greedy(model: Any, src_tokens: np.ndarray, cfg: SearchConfig) -> list[list[
                 break
             enc, cache = model.select_enc(enc, keep), model.select_cache(cache, keep)
             tokens, pos, rows, max_len, min_len = tokens[keep], pos[keep], rows[keep], max_len[keep], min_len[keep]
-    results = []
-    for b in range(B):
-        n = int(out_len[b])
-        logprob = float(out_pos[b, : n + 1].sum())
-        score = logprob / length_penalty(float(n + 1), cfg.lenpen, cfg.lenpen_form)
-        results.append([_hyp(out_tokens[b], n, out_pos[b], score)])
-    return results
+    return [_collect(out_tokens[b * S : (b + 1) * S], out_pos[b * S : (b + 1) * S], out_len[b * S : (b + 1) * S], cfg)
+            for b in range(B)]
+
+
+def _collect(tokens: np.ndarray, pos: np.ndarray, lengths: np.ndarray, cfg: SearchConfig) -> list[Hypothesis]:
+    """A sentence's rows as hypotheses scored with the length penalty, best first, `nbest` kept."""
+    hyps = []
+    for r in range(len(tokens)):
+        n = int(lengths[r])
+        score = float(pos[r, : n + 1].sum()) / length_penalty(float(n + 1), cfg.lenpen, cfg.lenpen_form)
+        hyps.append(_hyp(tokens[r], n, pos[r], score))
+    hyps.sort(key=lambda h: h.score, reverse=True)
+    return hyps[: cfg.nbest]

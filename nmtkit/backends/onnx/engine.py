@@ -8,13 +8,13 @@ The `Translator` does everything between text and ids on the export's copies of 
 directory's files; this engine runs the encoder graph once per batch and the decoder-step graph
 once per step, and searches with `nmtkit.search.arrays`, the native search's rules over numpy:
 the same defaults (the GNMT length penalty, the exact `--early-stop bound`), every length
-penalty and stopping rule, `--nbest`, `--min-len`, `--no-repeat-ngram-size`, `--unk-penalty`.
-It imports no torch (nor onnx: only onnxruntime and numpy).
+penalty and stopping rule, `--nbest`, `--min-len`, `--no-repeat-ngram-size`, `--unk-penalty`,
+and sampling (numpy's generator, seeded by `--seed`: other samples than native's). It imports
+no torch (nor onnx: only onnxruntime and numpy).
 
-Refused in one line (`unsupported` and the class attributes): `--sampling`, a device other than
-the CPU, `--precision` other than fp32 (an int8 export is chosen when exported), `--ema` and
-`--quantize` (chosen at export time), ensembles, and scores of given targets, alignments and
-attention.
+Refused in one line (`prepare` and the class attributes): a device other than the CPU,
+`--precision` other than fp32 (an int8 export is chosen when exported), `--ema` and `--quantize`
+(chosen at export time), ensembles, and scores of given targets, alignments and attention.
 """
 
 from __future__ import annotations
@@ -128,14 +128,6 @@ def collate_source(rows: Sequence[np.ndarray], eos: int, pad: int) -> np.ndarray
     return out
 
 
-def unsupported(cfg: SearchConfig) -> str | None:
-    """The one line refusing a search setting this engine cannot honour, or None."""
-    if cfg.sampling:
-        return ("--sampling: the ONNX Runtime engine searches (beam or greedy) but does not sample; "
-                "translate with the checkpoint and its data directory to sample")
-    return None
-
-
 class OnnxEngine(Engine):
     """An export directory (`nmtkit export --format onnx`) run by ONNX Runtime. Not thread-safe."""
 
@@ -174,10 +166,6 @@ class OnnxEngine(Engine):
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"{path}: ONNX Runtime cannot load its graphs: {first}") from None
         return cls(graphs, info=source.info, src_dict=src_dict, tgt_dict=tgt_dict)
-
-    @classmethod
-    def unsupported(cls, cfg: SearchConfig) -> str | None:
-        return unsupported(cfg)
 
     def architectures(self) -> list[dict]:
         return [dict(self.info["arch_config"])]
