@@ -293,3 +293,32 @@ def test_sampling_on_the_export_is_seeded(wm):
     assert len({t.text for r in first for t in r}) > len(lines)  # they are samples
     greedy = Translator.load(wm["out"], threads=1, beam=1).translate(lines)
     assert [r[0].text for r in tr.translate_nbest(lines, topk=1)] == greedy
+
+
+def test_a_parsing_export_gives_native_trees(tmp_path, run_cli):
+    """The parsing model (separate vocabularies, untied embeddings): an ONNX export repairs the
+    same trees as native generate, with the parsing output limit (input + 300)."""
+    from nmtkit import Translator
+    from nmtkit.cli import main
+    from tests.test_parsing_pipeline import check_trees, make_checkpoint, write_inputs
+
+    write_inputs(tmp_path)
+    data = tmp_path / "data"
+    with pytest.raises(SystemExit) as e:
+        main(["preprocess", "--task", "parsing", "--trainpref", str(tmp_path / "train"), "--extra-train",
+              str(tmp_path / "more.trees"), "--validpref", str(tmp_path / "valid"), "--destdir", str(data),
+              "--bpe", "none"])
+    assert e.value.code == 0
+    ckpt = make_checkpoint(data, tmp_path / "m.pt", favour=("(NP", "NN", ")NP"))
+    out = tmp_path / "parse-onnx"
+    assert run_cli("export", data, "--path", ckpt, "--format", "onnx", "--output", out).code == 0
+    words = ["Pierre Vinken will join the board .", "", "a ( b ) c"]
+    f = tmp_path / "in.words"
+    f.write_text("\n".join(words) + "\n", encoding="utf-8")
+    flags = ("--input", f, "--quiet", "--threads", "1", "--beam", "2", "--min-len", "6", "--max-len-b", "30")
+    native, mine = run_cli("generate", data, "--path", ckpt, *flags), run_cli("generate", "--path", out, *flags)
+    assert native.code == mine.code == 0, (native, mine)
+    assert mine.out == native.out
+    check_trees(mine.out.splitlines(), words)
+    assert mine.out.startswith("(TOP (NP (NP ")  # the favoured brackets, repaired
+    assert Translator.load(out, threads=1).search.max_len_b == 300

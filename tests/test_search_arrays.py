@@ -18,7 +18,14 @@ import torch
 from nmtkit.search import arrays
 from nmtkit.search.beam import SearchConfig, search
 from tests.test_search import (
-    REV_SRCS, SRCS, ToyModel, Uncached, exhaustive, load_reverser, reference_beam, src_batch,
+    REV_SRCS,
+    SRCS,
+    ToyModel,
+    Uncached,
+    exhaustive,
+    load_reverser,
+    reference_beam,
+    src_batch,
 )
 
 
