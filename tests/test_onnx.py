@@ -246,12 +246,14 @@ def test_serve_on_the_export(wm):
     assert r.json()["translations"] == Translator.load(wm["ckpt"], wm["data"], threads=1).translate(texts)
 
 
-def test_without_onnxruntime_one_line_says_what_to_install(monkeypatch):
-    from nmtkit.backends.onnx import convert
-
+def test_without_the_extra_one_line_says_what_to_install(wm, tmp_path, run_cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    with pytest.raises(UserError, match=r"^the ONNX Runtime is not installed: pip install 'nmtkit\[onnx\]'$"):
-        convert.import_onnxruntime()
+    r = run_cli("generate", "--path", wm["out"], "--input", wm["inputs"])
+    assert r.code == 2 and r.err == "nmtkit: error: the ONNX Runtime is not installed: pip install 'nmtkit[onnx]'\n", r
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    r = run_cli("export", wm["data"], "--path", wm["ckpt"], "--format", "onnx", "--output", tmp_path / "x")
+    assert r.code == 2 and r.err == "nmtkit: error: the onnx package is not installed: pip install 'nmtkit[onnx]'\n", r
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_documented_loop_without_nmtkit_gives_greedy_search(wm, monkeypatch):
