@@ -83,6 +83,15 @@ def test_onnx_runtime_search_equals_native_search(cfg, tmp_path):
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=TOL)
         if extra.get("nbest"):
             assert len({tuple(h.tokens) for hyps in native for h in hyps}) >= 10  # varied: not one token repeated
+    # sampling: rows retire one by one, so the graphs' encoder rows are copied per row; the same
+    # seed over the same distributions (the torch model behind the array interface) draws the same
+    from tests.test_search_arrays import AsArrays
+
+    cfg_s = SearchConfig(max_len_a=1.0, max_len_b=4, sampling=True, beam=5, nbest=5, seed=11)
+    mine, ref = arrays.search(graphs, src, cfg_s), arrays.search(AsArrays(model), src, cfg_s)
+    assert [[h.tokens for h in hs] for hs in mine] == [[h.tokens for h in hs] for hs in ref]
+    assert [h.score for hs in mine for h in hs] == pytest.approx([h.score for hs in ref for h in hs], abs=TOL)
+    assert any(len({len(h.tokens) for h in hs}) > 1 for hs in mine)  # a sentence's samples end at different steps
 
 
 def _shrunk(cfg):
