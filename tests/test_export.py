@@ -466,7 +466,7 @@ def test_export_refusals(wm, tmp_path, run_cli, monkeypatch):
     out = tmp_path / "out"
     for args, message in [
         (["--quantization", "int4"], "--quantization must be one of float32, int8"),
-        (["--format", "onnx"], "--format must be one of ctranslate2, huggingface, got 'onnx'"),
+        (["--format", "tflite"], "--format must be one of ctranslate2, onnx, huggingface, got 'tflite'"),
     ]:
         r = run_cli("export", data, "--path", ckpt, "--output", out, *args)
         assert r.code == 2 and message in r.err and "Traceback" not in r.err, r

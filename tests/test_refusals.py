@@ -329,7 +329,7 @@ def test_export_refusals():
     def opts(**kw):
         return ExportOptions(data_dir="d", path="m.pt", output="out", **kw)
 
-    refused(lambda: opts(format="onnx").validate(), "--format must be one of ctranslate2, huggingface, got 'onnx'")
+    refused(lambda: opts(format="tflite").validate(), "--format must be one of ctranslate2, onnx, huggingface, got 'tflite'")
     refused(lambda: opts(quantization="int4").validate(),
             "--quantization must be one of float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, "
             "bfloat16, got 'int4'")

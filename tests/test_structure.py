@@ -121,6 +121,7 @@ def test_the_backend_neutral_front_imports_no_torch():
     code = ("import sys\n"
             "import nmtkit.generation.translator, nmtkit.generation.generator, nmtkit.backends.registry\n"
             "import nmtkit.backends.ctranslate2.engine, nmtkit.search.config, nmtkit.device\n"
+            "import nmtkit.backends.onnx.engine, nmtkit.backends.onnx.convert, nmtkit.search.arrays\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
             "import nmtkit.backends.pytorch.engine\n"
             "assert 'torch' in sys.modules\n")  # guard: the check can fail

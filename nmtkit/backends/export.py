@@ -40,7 +40,7 @@ class ExportOptions:
     path: str = setting(flag="--path", help="Checkpoint to export (an averaged one works as is).")
     output: str = setting(flag="--output", aliases=("-o",), help="The directory to create (atomically).")
     format: str = setting(next(iter(FORMATS)), flag="--format", help=f"Runtime to export for: {', '.join([*FORMATS, *EXPORT_ONLY])}.")
-    quantization: str = setting("float32", flag="--quantization", help="Weight type: float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16.")
+    quantization: str = setting("float32", flag="--quantization", help="Weight type: float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16 (onnx: float32 or int8; huggingface: float32, float16 or bfloat16).")
     ema: bool = setting(False, flag="--ema", help="Export the checkpoint's EMA weights instead of the raw weights.")
     force: bool = setting(False, flag="--force", help="Replace --output if it is an earlier export.")
     score_file: str | None = setting(None, flag="--score-file", help="huggingface: the output of nmtkit score, whose BLEU and sacreBLEU signature the model card reports.")

@@ -24,7 +24,7 @@ from nmtkit.errors import UserError
 
 CHECKPOINT = "checkpoint"  # nmtkit's own checkpoints, run by PyTorch
 # export format -> its package (convert.py + engine.py); the first is `nmtkit export`'s default
-FORMATS = {"ctranslate2": "nmtkit.backends.ctranslate2"}
+FORMATS = {"ctranslate2": "nmtkit.backends.ctranslate2", "onnx": "nmtkit.backends.onnx"}
 # export formats that no nmtkit engine runs (another library does): their package has convert.py only
 EXPORT_ONLY = {"huggingface": "nmtkit.backends.huggingface"}
 _TORCH = "nmtkit.backends.pytorch"

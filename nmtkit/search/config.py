@@ -51,7 +51,7 @@ class SearchConfig:
     # (fairseq's: `beam` finished hypotheses, admitting only </s> extensions that rank among
     # the step's `beam` best candidates) or "none" (decode to the output limit).
     # not given on the command line: the engine's ("beam" on a CTranslate2 export; model_flags)
-    early_stop: str = setting("bound", flag="--early-stop", unset=True, show_default=False, help="When a sentence stops: bound (exact: no live hypothesis can still win; tensor2tensor), beam (fairseq: once --beam hypotheses finished; faster, not exact) or none (at the output limit) [default: bound; beam on an export directory].")
+    early_stop: str = setting("bound", flag="--early-stop", unset=True, show_default=False, help="When a sentence stops: bound (exact: no live hypothesis can still win; tensor2tensor), beam (fairseq: once --beam hypotheses finished; faster, not exact) or none (at the output limit) [default: bound; beam on a CTranslate2 export].")
     # Sampling (a bonus): `beam` independent samples per sentence instead of a beam.
     sampling: bool = setting(False, flag="--sampling", help="Sample instead of searching (--beam samples per sentence).")
     topk: int = setting(0, flag="--topk", help="Sampling: only from the k most likely tokens (0 = off).")

@@ -129,6 +129,84 @@ def targets(rows: list[dict], startup: list[tuple[str, float]]) -> list[str]:
     return out
 
 
+def onnx_targets(rows: list[dict], startup: list[tuple[str, float]]) -> list[str]:
+    """The ONNX export's targets (docs/export.md), one line each: figure and whether it is met."""
+    by = {(r["threads"], r["batch_size"], r["system"]): r for r in rows}
+    ok = lambda met: "met" if met else "NOT met"  # noqa: E731
+    out = []
+    for (threads, bs, label), r in sorted(by.items()):
+        if label == "ONNX fp32" and (threads, bs, "nmtkit fp32") in by:
+            out.append(f"{threads} thread(s), batch {bs}: ONNX fp32 output lines equal to nmtkit fp32: "
+                       f"{r['same_as_first']} of {r['sentences']} (target >= 99.5%: "
+                       f"{ok(r['same_as_first'] >= 0.995 * r['sentences'])})")
+    o, c = by.get((1, 1, "ONNX fp32")), by.get((1, 1, "CTranslate2 float32"))
+    if o and c:
+        x = o["decode_sent_s"] / c["decode_sent_s"]
+        out.append(f"batch 1, 1 thread: ONNX fp32 / CTranslate2 float32 = {x:.2f}x (target >= 1.0x: {ok(x >= 1.0)})")
+    cands = [by[k] for k in ((2, 128, "ONNX fp32"), (2, 128, "ONNX int8")) if k in by]
+    c = by.get((2, 128, "CTranslate2 int8_float32"))
+    if cands and c:
+        b = max(cands, key=lambda r: r["decode_sent_s"])
+        x = b["decode_sent_s"] / c["decode_sent_s"]
+        out.append(f"batch 128, 2 threads: best ONNX ({b['system']}) / CTranslate2 int8_float32 = {x:.2f}x "
+                   f"(target >= 1.0x: {ok(x >= 1.0)})")
+    for label, wall in startup:
+        if label.startswith("ONNX"):
+            out.append(f"start-up on an empty input, {label}: {wall:.2f} s (target <= 0.5 s: {ok(wall <= 0.5)})")
+    for label in ("ONNX fp32", "ONNX int8"):
+        rss = [(by[k]["peak_rss_mib"] / by[(k[0], 128, "CTranslate2 float32")]["peak_rss_mib"], k[0])
+               for k in by if k[1] == 128 and k[2] == label and (k[0], 128, "CTranslate2 float32") in by]
+        if rss:
+            x, threads = max(rss)
+            out.append(f"peak RSS at batch 128: {label} / CTranslate2 float32 = {x:.2f}x ({threads} thread(s), the "
+                       f"worst; target <= 1.5x: {ok(x <= 1.5)})")
+    drops = [by[k]["bleu"] - by[(k[0], k[1], "ONNX int8")]["bleu"]
+             for k in by if k[2] == "ONNX fp32" and (k[0], k[1], "ONNX int8") in by]
+    drops = [x for x in drops if not math.isnan(x)]
+    if drops:
+        x = round(max(drops), 2)
+        out.append(f"BLEU of the ONNX int8 export: at most {x:.2f} below ONNX fp32 (target <= 0.3: {ok(x <= 0.3)})")
+    return out
+
+
+RESCORE = """
+import json, sys
+from nmtkit import Translator
+a = json.loads(sys.argv[1])
+native = Translator.load(a["ckpt"], a["data"], device="cpu", threads=1, **a["search"])
+onnx = Translator.load(a["onnx"], threads=1, **a["search"])
+n, o = native.translate_nbest(a["lines"]), onnx.translate_nbest(a["lines"])
+print(json.dumps([[x[0].text, x[0].score, y[0].text, y[0].score] for x, y in zip(n, o)]))
+"""
+
+
+def differing_lines(rows: list[dict], work: Path, a, onnx_exports: dict) -> list[str]:
+    """Every input line whose ONNX fp32 output differs from nmtkit fp32's (the largest batch
+    run), with both scores: searched again, one sentence at a time, by both."""
+    cells = sorted((r["threads"], r["batch_size"]) for r in rows if r["system"] == "ONNX fp32")
+    if not cells or "float32" not in onnx_exports:
+        return []
+    threads, bs = cells[-1]
+    name = lambda label: work / f"hyp.{re.sub(r'[^a-z0-9]+', '_', label.lower())}.t{threads}.b{bs}.txt"  # noqa: E731
+    native = name("nmtkit fp32").read_text(encoding="utf-8").splitlines()
+    mine = name("ONNX fp32").read_text(encoding="utf-8").splitlines()
+    diff = [i for i, (x, y) in enumerate(zip(native, mine)) if x != y]
+    out = [f"ONNX fp32 vs nmtkit fp32 ({threads} thread(s), batch {bs}): {len(diff)} line(s) differ"]
+    if not diff:
+        return out
+    src = (work / "src.txt").read_text(encoding="utf-8").splitlines()
+    args = {"ckpt": a.ckpt, "data": a.data, "onnx": str(onnx_exports["float32"]), "lines": [src[i] for i in diff],
+            "search": {"beam": a.beam, "lenpen": a.lenpen, "lenpen_form": "fairseq", "early_stop": "beam",
+                       "max_len_a": 0.0, "max_len_b": 256}}
+    r = subprocess.run([sys.executable, "-c", RESCORE, json.dumps(args)], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=work)
+    if r.returncode != 0:
+        return out + [f"(rescoring failed: {r.stderr.strip()[-300:]})"]
+    for i, (nt, ns, ot, os_) in zip(diff, json.loads(r.stdout)):
+        out.append(f"- line {i + 1}: native {ns:.6f} {nt!r} | ONNX {os_:.6f} {ot!r} | difference {os_ - ns:+.2e}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data", required=True, help="preprocessed Multi30k de-en data dir")
@@ -140,12 +218,13 @@ def main() -> None:
     ap.add_argument("--tgt-lang", default="en")
     ap.add_argument("--batch-sizes", default="1,16,128")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--cells", default="", help="only these THREADSxBATCH cells, e.g. 1x1,2x128 (default: every pair)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--lenpen", type=float, default=0.6)
-    ap.add_argument("--systems", default="nmtkit,nmtkit-int8,ct2,ct2-int8",
-                    help="comma-separated: nmtkit, nmtkit-int8, ct2, ct2-int8, baseline")
+    ap.add_argument("--systems", default="nmtkit,nmtkit-int8,ct2,ct2-int8,onnx,onnx-int8",
+                    help="comma-separated: nmtkit, nmtkit-int8, ct2, ct2-int8, onnx, onnx-int8, baseline")
     ap.add_argument("--baseline", default="", help="another nmtkit checkout: its fp32 as system 'baseline'")
     ap.add_argument("--extra", default="", help="more `nmtkit generate` flags, space-separated")
     ap.add_argument("--export-pythonpath", default=None,
@@ -196,6 +275,26 @@ def main() -> None:
             break
         exports[q] = out
 
+    onnx_exports = {}
+    for q in ("float32", "int8"):
+        if f"onnx{'-int8' if q == 'int8' else ''}" not in wanted:
+            continue
+        out = work / f"onnx_{q}"
+        print(f"[bench] nmtkit export --format onnx --quantization {q} -> {out}", flush=True)
+        r = subprocess.run([py, "-m", "nmtkit", "export", a.data, "--path", a.ckpt, "--format", "onnx",
+                            "--output", str(out), "--quantization", q, "--force"], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=work)
+        if r.returncode != 0:
+            sys.exit(f"[bench] nmtkit export --format onnx failed: {(r.stderr or r.stdout).strip()[-500:]}")
+        onnx_exports[q] = out
+
+    def onnx(q: str):
+        def make(bs, threads, hyp):
+            return ([py, "-m", "nmtkit", "generate", "--path", str(onnx_exports[q]), "--input", str(src),
+                     "--output", str(hyp), "--threads", str(threads), "--batch-size", str(bs),
+                     *search, *a.extra.split()], "nmtkit")
+        return make
+
     def ct2(q: str, compute_type: str):
         def make(bs, threads, hyp):
             return ([py, str(HERE / "ct2_translate.py"), "--model", str(exports[q]), "--data", a.data,
@@ -210,6 +309,8 @@ def main() -> None:
         "ct2": lambda: System("CTranslate2 float32", ct2("float32", "float32"), REPO),
         "ct2-int8": lambda: System("CTranslate2 int8_float32", ct2("int8", "int8_float32"), REPO),
         "baseline": lambda: System("nmtkit fp32 (baseline)", native([]), Path(a.baseline).resolve()),
+        "onnx": lambda: System("ONNX fp32", onnx("float32"), REPO),
+        "onnx-int8": lambda: System("ONNX int8", onnx("int8"), REPO),
     }
     systems = [catalog[s]() for s in wanted]
     print(f"[bench] load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
@@ -217,6 +318,8 @@ def main() -> None:
     rows = []
     for threads in [int(x) for x in a.threads.split(",")]:
         for bs in [int(x) for x in a.batch_sizes.split(",")]:
+            if a.cells and f"{threads}x{bs}" not in a.cells.split(","):
+                continue
             runs: dict[str, list[dict]] = {s.label: [] for s in systems}
             outputs = {}
             for r in range(a.runs):
@@ -245,8 +348,10 @@ def main() -> None:
                 })
 
     startup = []
-    for s in [s for s in systems if s.label in ("nmtkit fp32", "nmtkit fp32 (baseline)")]:
-        cmd = [py, "-m", "nmtkit", "generate", a.data, "--path", a.ckpt, "--input", "-"]
+    starts = {"nmtkit fp32": [a.data, "--path", a.ckpt], "nmtkit fp32 (baseline)": [a.data, "--path", a.ckpt],
+              **{f"ONNX {'fp32' if q == 'float32' else q}": ["--path", str(d)] for q, d in onnx_exports.items()}}
+    for s in [s for s in systems if s.label in starts]:
+        cmd = [py, "-m", "nmtkit", "generate", *starts[s.label], "--input", "-"]
         walls = []
         for _ in range(max(a.runs, 3)):
             with open(os.devnull) as devnull:
@@ -265,7 +370,9 @@ def main() -> None:
     by = {(r["threads"], r["batch_size"], r["system"]): r for r in rows}
     labels = [s.label for s in systems]
     pairs = [(x, y) for x, y in (("nmtkit fp32", "CTranslate2 float32"), ("nmtkit int8", "CTranslate2 int8_float32"),
-                                 ("nmtkit fp32", "nmtkit fp32 (baseline)")) if x in labels and y in labels]
+                                 ("nmtkit fp32", "nmtkit fp32 (baseline)"), ("ONNX fp32", "CTranslate2 float32"),
+                                 ("ONNX int8", "CTranslate2 int8_float32"), ("ONNX int8", "CTranslate2 float32"))
+             if x in labels and y in labels]
     if pairs:
         print()
         print("| threads | batch | " + " | ".join(f"{x} / {y}" for x, y in pairs) + " |")
@@ -278,13 +385,18 @@ def main() -> None:
                              f"{rx['peak_rss_mib'] / ry['peak_rss_mib']:.2f}x RSS")
             print(f"| {threads} | {bs} | " + " | ".join(cells) + " |")
     for label, wall in startup:
-        print(f"start-up, empty input (`printf '' | nmtkit generate DATA --path CKPT --input -`), {label}: {wall:.2f} s")
+        what = "--path ONNX_DIR" if label.startswith("ONNX") else "DATA --path CKPT"
+        print(f"start-up, empty input (`printf '' | nmtkit generate {what} --input -`), {label}: {wall:.2f} s")
     ct2_loads = [(r["system"], statistics.median(x["wall_s"] - x["decode_s"] for x in r["runs"]))
                  for r in rows if r["system"].startswith("CTranslate2") and r["batch_size"] == max(x["batch_size"] for x in rows)]
     for label, s in ct2_loads[:2]:
         print(f"{label}: process time outside translate_batch (start-up, load, I/O): {s:.2f} s")
     print(f"load average at start and end: see above; at end {' '.join(f'{x:.1f}' for x in load_end)}")
     lines = targets(rows, startup)
+    if any(label.startswith("ONNX") for label in labels):
+        lines += onnx_targets(rows, startup)
+        for line in differing_lines(rows, work, a, onnx_exports):
+            print(line)
     if lines:
         print()
         print("Speed targets (docs/generate.md), in this sitting:")

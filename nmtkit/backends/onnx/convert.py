@@ -1,0 +1,417 @@
+"""An nmtkit Transformer as two ONNX graphs: the encoder, and one decoder step with its caches.
+
+Why the graphs are built node by node (`onnx.helper`) rather than traced by `torch.onnx.export`:
+decoding needs a step function whose caches are plain inputs and outputs, which a trace of the
+model's Python-side `DecoderCache` cannot give, and the TorchScript exporter is deprecated while
+its successor needs extra packages. Built here from the weights, each graph is what
+docs/export.md documents, with stable input and output names that any ONNX Runtime binding
+(C, C++, C#, Java, JavaScript, Rust) can feed.
+
+The graphs (opset `OPSET`; B sentences, S source positions with `</s>`, N = M * g decoder rows,
+g per sentence, T target positions decoded so far; L decoder layers, h heads):
+
+    encoder.onnx   src_tokens (B, S) int64, each row `ids + [</s>]` right-padded with <pad>
+                -> src_bias (B, 1, 1, S) float32   0 for a token, -inf for padding
+                   cross_k_i (B, h, S, d_k), cross_v_i (B, h, S, d_v)   for i < L: each decoder
+                   layer's encoder-decoder keys and values, computed once per sentence
+    decoder.onnx   tokens (N, 1) int64 (the newest target token, `<s>` first), src_bias (M, 1, 1, S),
+                   self_k_i (N, h, T, d_k), self_v_i (N, h, T, d_v) (T = 0 at the first step),
+                   cross_k_i (M, h, S, d_k), cross_v_i (M, h, S, d_v)
+                -> log_probs (N, V) float32 (log-softmax of the next token),
+                   self_k_out_i (N, h, T + 1, d_k), self_v_out_i (N, h, T + 1, d_v)
+
+The token's position is T (read from self_k_0's shape). Decoder rows come in groups of g per
+encoder row (rows r*g .. r*g + g - 1 read encoder row r: a sentence's beams share one copy of
+its keys and values, as nmtkit's own cache does); g = 1 gives one encoder row per decoder row.
+The queries are pre-scaled by 1/sqrt(d_k) in their projection weights. LayerNorm epsilon is
+torch's 1e-5.
+
+`--quantization int8` quantizes the weight matrices' products (MatMul with a constant weight)
+with ONNX Runtime's dynamic quantization (`onnxruntime.quantization.quantize_dynamic`: int8
+weights, activations quantized per call); the attention products stay float32.
+
+The export checks itself before the directory is renamed into place: ONNX Runtime on the written
+graphs, stepping through a few sentences with its caches, must give torch's teacher-forced
+log-probabilities within `TOLERANCE` (float32), or `INT8_TOLERANCE` for int8 graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from nmtkit.errors import UserError
+
+INSTALL_HINT = "pip install 'nmtkit[onnx]'"
+QUANTIZATIONS = ("float32", "int8")  # `nmtkit export --format onnx --quantization`
+OPSET = 17  # LayerNormalization is an operator from opset 17
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmtkit's model uses
+ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
+# the self-check: the largest |log-prob difference| against torch on the check sentences
+TOLERANCE = 1e-3
+INT8_TOLERANCE = 1.0  # on the reference's own tokens (int8 weights move log-probs by a few tenths)
+
+HANDLED_FIELDS = frozenset({
+    "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "normalize_before",
+    "learned_pos", "share_embeddings", "max_source_positions", "max_target_positions",
+    # training-only: no effect on the exported weights or on inference
+    "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
+})
+
+
+def import_onnxruntime():
+    """The onnxruntime module, or a one-line UserError saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError(f"the ONNX Runtime is not installed: {INSTALL_HINT}") from None
+    return onnxruntime
+
+
+def import_runtime():
+    """onnx (to write the graphs) and onnxruntime (to check and quantize them), or one line."""
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        raise UserError(f"the onnx package is not installed: {INSTALL_HINT}") from None
+    return import_onnxruntime()
+
+
+def check_representable(cfg) -> None:
+    """Refuse, in one line naming the setting, an architecture the graphs cannot express (an
+    `ArchConfig` field added later, unless it has its default value)."""
+    default = type(cfg)()
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name not in HANDLED_FIELDS and value != getattr(default, f.name):
+            flag = "--" + f.name.replace("_", "-")
+            raise UserError(f"{flag} {value}: the ONNX export does not represent this setting "
+                            "(only its default); translate with the checkpoint and its data directory")
+
+
+# ---- the weights, as numpy ------------------------------------------------------------------------
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().to("cpu").float().contiguous().numpy().copy()
+
+
+def _norm(ln) -> tuple[np.ndarray, np.ndarray]:
+    return _np(ln.weight), _np(ln.bias)
+
+
+def _self_attention(attn, dk: int) -> dict:
+    """Fused q|k|v (h*d_k | h*d_k | h*d_v, D) with the q rows scaled by 1/sqrt(d_k)."""
+    qkv = _np(attn.qkv_proj.weight)
+    qkv[: attn.heads * dk] *= np.float32(1.0 / math.sqrt(dk))
+    return {"qkv": qkv, "out": _np(attn.out_proj.weight)}
+
+
+def _layer(layer, dk: int, decoder: bool) -> dict:
+    w = {**_self_attention(layer.self_attn, dk), "ln_self": _norm(layer.self_attn_norm),
+         "fc1": (_np(layer.ffn.fc1.weight), _np(layer.ffn.fc1.bias)),
+         "fc2": (_np(layer.ffn.fc2.weight), _np(layer.ffn.fc2.bias)), "ln_ffn": _norm(layer.ffn_norm)}
+    if decoder:
+        ca = layer.cross_attn
+        w.update(q=_np(ca.q_proj.weight) * np.float32(1.0 / math.sqrt(dk)), kv=_np(ca.kv_proj.weight),
+                 cross_out=_np(ca.out_proj.weight), ln_cross=_norm(layer.cross_attn_norm))
+    return w
+
+
+def weights(model) -> dict:
+    """A loaded `Transformer`'s weights as float32 numpy arrays (torch's (out, in) layout)."""
+    cfg = model.cfg
+    dk = cfg.head_dim_k
+    pos = [_np(p.weight if p.learned else p.table) for p in (model.src_pos, model.tgt_pos)]
+    return {
+        "src_embed": _np(model.src_embed.weight), "tgt_embed": _np(model.tgt_embed.weight),
+        "out_proj": _np(model.out_proj.weight), "src_pos": pos[0], "tgt_pos": pos[1],
+        "enc": [_layer(layer, dk, False) for layer in model.encoder_layers],
+        "dec": [_layer(layer, dk, True) for layer in model.decoder_layers],
+        "enc_norm": _norm(model.encoder_norm) if cfg.normalize_before else None,
+        "dec_norm": _norm(model.decoder_norm) if cfg.normalize_before else None,
+    }
+
+
+# ---- building graphs ------------------------------------------------------------------------------
+
+
+class _Graph:
+    """Nodes and initializers of one graph, with the few layer shapes the model is made of."""
+
+    def __init__(self, cfg, pad: int):
+        self.cfg, self.pad = cfg, pad
+        self.h, self.dk, self.dv = cfg.heads, cfg.head_dim_k, cfg.head_dim_v
+        self.nodes: list = []
+        self.inits: list = []
+        self._n = 0
+
+    def const(self, name: str, value) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def ints(self, *values: int) -> str:
+        self._n += 1
+        return self.const(f"ints_{self._n}", np.array(values, dtype=np.int64))
+
+    def op(self, kind: str, *inputs: str, out: str | None = None, outs: int = 1, tag: str = "", **attrs):
+        """Add one node; its output name(s) (`out` names a graph output)."""
+        from onnx import helper
+
+        self._n += 1
+        name = f"{tag or kind}_{self._n}"
+        names = [out or name] if outs == 1 else [f"{name}_{i}" for i in range(outs)]
+        self.nodes.append(helper.make_node(kind, list(inputs), names, name=name, **attrs))
+        return names[0] if outs == 1 else names
+
+    def linear(self, x: str, w: np.ndarray, name: str, bias: np.ndarray | None = None) -> str:
+        """x (..., in) @ w.T (+ bias): w in torch's (out, in) layout."""
+        y = self.op("MatMul", x, self.const(name, w.T), tag="proj")
+        return y if bias is None else self.op("Add", y, self.const(name + ".bias", bias))
+
+    def norm(self, x: str, ln, name: str) -> str:
+        return self.op("LayerNormalization", x, self.const(name + ".weight", ln[0]),
+                       self.const(name + ".bias", ln[1]), axis=-1, epsilon=LAYER_NORM_EPS)
+
+    def heads(self, x: str, d: int, out: str | None = None) -> str:
+        """(B, T, h*d) -> (B, h, T, d)."""
+        return self.op("Transpose", self.op("Reshape", x, self.ints(0, 0, self.h, d)), perm=[0, 2, 1, 3], out=out)
+
+    def attend(self, q: str, k: str, v: str, bias: str | None) -> str:
+        """softmax(q k^T + bias) v over the last two axes (q already scaled): (.., Tq, d_v)."""
+        scores = self.op("MatMul", q, self.op("Transpose", k, perm=[0, 1, 3, 2]), tag="attn")
+        if bias is not None:
+            scores = self.op("Add", scores, bias)
+        return self.op("MatMul", self.op("Softmax", scores, axis=-1), v, tag="attn")
+
+    def sublayer(self, x: str, ln, name: str, body) -> str:
+        """Residual around `body`, LayerNorm after the sum (post-norm) or before body (pre-norm)."""
+        if self.cfg.normalize_before:
+            return self.op("Add", x, body(self.norm(x, ln, name)))
+        return self.norm(self.op("Add", x, body(x)), ln, name)
+
+    def ffn(self, x: str, w: dict, name: str) -> str:
+        hid = self.op("Relu", self.linear(x, w["fc1"][0], name + ".fc1", w["fc1"][1]))
+        return self.linear(hid, w["fc2"][0], name + ".fc2", w["fc2"][1])
+
+    def split_qkv(self, x: str, w: np.ndarray, name: str) -> list[str]:
+        hk, hv = self.h * self.dk, self.h * self.dv
+        return self.op("Split", self.linear(x, w, name), self.ints(hk, hk, hv), axis=-1, outs=3)
+
+    def model(self, name: str, inputs: list, outputs: list):
+        from onnx import helper
+
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                 producer_name="nmtkit")
+
+
+def _io(name: str, dtype, *dims):
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.INT64 if dtype == "int64" else TensorProto.FLOAT,
+                                         list(dims))
+
+
+def _embed(g: _Graph, tokens: str, table: np.ndarray, name: str, positions: str) -> str:
+    x = g.op("Gather", g.const(name, table), tokens)
+    return g.op("Add", g.op("Mul", x, g.const(name + ".scale", np.float32(math.sqrt(g.cfg.d_model)))), positions)
+
+
+def build_encoder(w: dict, cfg, pad: int):
+    """encoder.onnx: src_tokens -> src_bias and every decoder layer's cross_k_i / cross_v_i."""
+    g = _Graph(cfg, pad)
+    length = g.op("Slice", g.op("Shape", "src_tokens"), g.ints(1), g.ints(2))  # (1,) S
+    pos = g.op("Slice", g.const("src_pos", w["src_pos"]), g.ints(0), length, g.ints(0))  # (S, D)
+    x = _embed(g, "src_tokens", w["src_embed"], "src_embed", pos)  # (B, S, D)
+    is_pad = g.op("Equal", "src_tokens", g.const("pad", np.array(pad, dtype=np.int64)))
+    bias = g.op("Where", is_pad, g.const("neg_inf", np.float32(-np.inf)), g.const("zero", np.float32(0)))
+    bias = g.op("Unsqueeze", bias, g.ints(1, 2), out="src_bias")  # (B, 1, 1, S)
+    for i, lw in enumerate(w["enc"]):
+        def self_attn(y, lw=lw, i=i):
+            q, k, v = (g.heads(t, d) for t, d in zip(g.split_qkv(y, lw["qkv"], f"enc.{i}.qkv"), (g.dk, g.dk, g.dv)))
+            o = g.op("Reshape", g.op("Transpose", g.attend(q, k, v, bias), perm=[0, 2, 1, 3]),
+                     g.ints(0, 0, g.h * g.dv))
+            return g.linear(o, lw["out"], f"enc.{i}.out")
+        x = g.sublayer(x, lw["ln_self"], f"enc.{i}.ln_self", self_attn)
+        x = g.sublayer(x, lw["ln_ffn"], f"enc.{i}.ln_ffn", lambda y, lw=lw, i=i: g.ffn(y, lw, f"enc.{i}"))
+    if w["enc_norm"] is not None:
+        x = g.norm(x, w["enc_norm"], "enc.norm")
+    outputs = [_io("src_bias", "float", "batch", 1, 1, "src_len")]
+    for i, lw in enumerate(w["dec"]):
+        k, v = g.op("Split", g.linear(x, lw["kv"], f"dec.{i}.kv"), g.ints(g.h * g.dk, g.h * g.dv), axis=-1, outs=2)
+        g.heads(k, g.dk, out=f"cross_k_{i}")
+        g.heads(v, g.dv, out=f"cross_v_{i}")
+        outputs += [_io(f"cross_k_{i}", "float", "batch", g.h, "src_len", g.dk),
+                    _io(f"cross_v_{i}", "float", "batch", g.h, "src_len", g.dv)]
+    return g.model("nmtkit_encoder", [_io("src_tokens", "int64", "batch", "src_len")], outputs)
+
+
+def _decoder_layer(g: _Graph, x: str, lw: dict, i: int, group_shape: str) -> str:
+    """One decoder layer for the newest position: x (N, 1, D) -> (N, 1, D); appends to the caches."""
+    def self_attn(y):
+        q, k, v = g.split_qkv(y, lw["qkv"], f"dec.{i}.qkv")
+        k_all = g.op("Concat", f"self_k_{i}", g.heads(k, g.dk), axis=2, out=f"self_k_out_{i}")  # (N, h, T+1, d_k)
+        v_all = g.op("Concat", f"self_v_{i}", g.heads(v, g.dv), axis=2, out=f"self_v_out_{i}")
+        o = g.attend(g.heads(q, g.dk), k_all, v_all, None)  # (N, h, 1, d_v)
+        return g.linear(g.op("Reshape", g.op("Transpose", o, perm=[0, 2, 1, 3]), g.ints(0, 0, g.h * g.dv)),
+                        lw["out"], f"dec.{i}.out")
+
+    def cross_attn(y):
+        q = g.op("Transpose", g.op("Reshape", g.linear(y, lw["q"], f"dec.{i}.q"), group_shape),
+                 perm=[0, 2, 1, 3])  # (M, h, g, d_k): the g rows of an encoder row as one query block
+        o = g.attend(q, f"cross_k_{i}", f"cross_v_{i}", "src_bias")  # (M, h, g, d_v)
+        o = g.op("Reshape", g.op("Transpose", o, perm=[0, 2, 1, 3]), g.ints(-1, 1, g.h * g.dv))  # (N, 1, h*d_v)
+        return g.linear(o, lw["cross_out"], f"dec.{i}.cross_out")
+
+    x = g.sublayer(x, lw["ln_self"], f"dec.{i}.ln_self", self_attn)
+    x = g.sublayer(x, lw["ln_cross"], f"dec.{i}.ln_cross", cross_attn)
+    return g.sublayer(x, lw["ln_ffn"], f"dec.{i}.ln_ffn", lambda y: g.ffn(y, lw, f"dec.{i}"))
+
+
+def build_decoder(w: dict, cfg, pad: int):
+    """decoder.onnx: one step (see the module docstring)."""
+    g = _Graph(cfg, pad)
+    step = g.op("Gather", g.op("Shape", "self_k_0"), g.const("time_axis", np.array(2, dtype=np.int64)))
+    pos = g.op("Gather", g.const("tgt_pos", w["tgt_pos"]), step)  # (D,): position T
+    x = _embed(g, "tokens", w["tgt_embed"], "tgt_embed", pos)  # (N, 1, D)
+    rows = g.op("Slice", g.op("Shape", "cross_k_0"), g.ints(0), g.ints(1))  # (1,) M
+    group_shape = g.op("Concat", rows, g.ints(-1, g.h, g.dk), axis=0)  # (M, g, h, d_k)
+    for i, lw in enumerate(w["dec"]):
+        x = _decoder_layer(g, x, lw, i, group_shape)
+    if w["dec_norm"] is not None:
+        x = g.norm(x, w["dec_norm"], "dec.norm")
+    logits = g.op("Reshape", g.linear(x, w["out_proj"], "out_proj"), g.ints(-1, w["out_proj"].shape[0]))
+    g.op("LogSoftmax", logits, axis=-1, out="log_probs")
+    inputs = [_io("tokens", "int64", "rows", 1), _io("src_bias", "float", "groups", 1, 1, "src_len")]
+    outputs = [_io("log_probs", "float", "rows", w["out_proj"].shape[0])]
+    for i in range(len(w["dec"])):
+        inputs += [_io(f"self_k_{i}", "float", "rows", g.h, "past", g.dk),
+                   _io(f"self_v_{i}", "float", "rows", g.h, "past", g.dv)]
+        outputs += [_io(f"self_k_out_{i}", "float", "rows", g.h, "steps", g.dk),
+                    _io(f"self_v_out_{i}", "float", "rows", g.h, "steps", g.dv)]
+    for i in range(len(w["dec"])):
+        inputs += [_io(f"cross_k_{i}", "float", "groups", g.h, "src_len", g.dk),
+                   _io(f"cross_v_{i}", "float", "groups", g.h, "src_len", g.dv)]
+    return g.model("nmtkit_decoder_step", inputs, outputs)
+
+
+# ---- the self-check -------------------------------------------------------------------------------
+
+
+def reference(model, pad: int, bos: int, eos: int) -> dict:
+    """A few sentences (fixed random ids, padded, lengths 1..9) and torch's teacher-forced
+    log-probabilities of fixed random targets: what ONNX Runtime must reproduce."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    first = max(pad, bos, eos) + 1  # ordinary symbols only
+    lens = [5, 9, 1]
+    src = np.full((len(lens), max(lens) + 1), pad, dtype=np.int64)
+    for r, n in enumerate(lens):
+        src[r, :n] = rng.integers(first, model.src_vocab_size, n)
+        src[r, n] = eos
+    steps = min(6, model.cfg.max_target_positions)
+    prev = rng.integers(first, model.tgt_vocab_size, (len(lens), steps)).astype(np.int64)
+    prev[:, 0] = bos
+    with torch.inference_mode():
+        logits = model(torch.from_numpy(src), torch.from_numpy(prev))  # (B, T, V)
+        lp = torch.log_softmax(logits.float(), dim=-1).numpy()
+    return {"src": src, "prev": prev, "log_probs": lp}
+
+
+def check(folder: Path, ref: dict, tolerance: float, quantized: bool) -> float:
+    """Step ONNX Runtime through `ref`'s sentences; UserError unless within `tolerance` of torch.
+    Returns the largest difference (over every token, or the reference's own tokens for int8)."""
+    from nmtkit.backends.onnx.engine import Graphs
+
+    graphs = Graphs.load(folder, threads=1)
+    enc = graphs.encode(ref["src"])
+    cache = graphs.empty_cache(len(ref["src"]))
+    worst = 0.0
+    for t in range(ref["prev"].shape[1]):
+        lp, cache = graphs.step(ref["prev"][:, t], enc, cache)  # (B, V)
+        want = ref["log_probs"][:, t]
+        if quantized:  # the tokens that follow in the reference: int8 moves the tail of the distribution most
+            nxt = ref["prev"][:, t + 1] if t + 1 < ref["prev"].shape[1] else want.argmax(1)
+            diff = np.abs(np.take_along_axis(lp, nxt[:, None], 1) - np.take_along_axis(want, nxt[:, None], 1))
+        else:
+            diff = np.abs(lp - want)
+        worst = max(worst, float(diff.max()))
+    if not worst <= tolerance:
+        raise UserError(f"the ONNX graphs in {folder} do not reproduce the model: log-probabilities differ from "
+                        f"torch's by {worst:.3g} (tolerance {tolerance:g}); please report this model's architecture")
+    return worst
+
+
+# ---- the format's interface (nmtkit.backends.export) -------------------------------------------
+
+
+@dataclasses.dataclass
+class Prepared:
+    """The format's copy of a model: its graphs, and the reference the written graphs must meet."""
+
+    encoder: object  # onnx.ModelProto
+    decoder: object
+    reference: dict
+
+
+def prepare(model, src_tokens: list[str], tgt_tokens: list[str]) -> Prepared:
+    """The graphs of a loaded nmtkit `Transformer` (eval mode) and torch's reference log-probs;
+    the caller then frees the torch model."""
+    import_runtime()
+    check_representable(model.cfg)
+    pad, bos, eos = 0, 1, 2  # docs/internals.md: the Dictionary's reserved ids
+    w = weights(model)
+    return Prepared(build_encoder(w, model.cfg, pad), build_decoder(w, model.cfg, pad), reference(model, pad, bos, eos))
+
+
+def quantize(folder: Path) -> None:
+    """Replace both graphs by their int8 versions: MatMul with a constant weight (the
+    projections, the feed-forward layers and the output layer), not the attention products."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.disable(logging.WARNING)  # its advice to pre-process image models, on the root logger
+    try:
+        for name in (ENCODER_FILE, DECODER_FILE):
+            src = folder / name
+            tmp = folder / f".{name}.int8"
+            quantize_dynamic(src, tmp, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                             nodes_to_exclude=_attention_nodes(src))
+            tmp.replace(src)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _attention_nodes(path: Path) -> list[str]:
+    import onnx
+
+    return [n.name for n in onnx.load(str(path)).graph.node if n.name.startswith("attn_")]
+
+
+def write(prepared: Prepared, folder, quantization: str) -> dict:
+    """Write the graphs into the new folder `folder`, check them against torch (and quantize
+    them); what nmtkit.json records of the runtime."""
+    import onnx
+
+    ort = import_runtime()
+    if quantization not in QUANTIZATIONS:
+        raise UserError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    folder = Path(folder)
+    onnx.save(prepared.encoder, str(folder / ENCODER_FILE))
+    onnx.save(prepared.decoder, str(folder / DECODER_FILE))
+    diff = check(folder, prepared.reference, TOLERANCE, False)
+    record = {"version": ort.__version__, "onnx_version": onnx.__version__, "opset": OPSET,
+              "check": {"float32_max_logprob_diff": diff, "tolerance": TOLERANCE}}
+    if quantization == "int8":
+        quantize(folder)
+        record["check"]["int8_max_logprob_diff"] = check(folder, prepared.reference, INT8_TOLERANCE, True)
+        record["check"]["int8_tolerance"] = INT8_TOLERANCE
+    return record

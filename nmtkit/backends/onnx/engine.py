@@ -1,0 +1,185 @@
+"""`OnnxEngine`: an export directory's graphs run by ONNX Runtime, searched by nmtkit's own rules.
+
+    from nmtkit import Translator
+    tr = Translator.load("m30k-onnx")                 # a directory made by `nmtkit export --format onnx`
+    tr.translate(["Ein Mann schläft.", ""])          # -> ["A man sleeps.", ""]
+
+The `Translator` does everything between text and ids on the export's copies of the data
+directory's files; this engine runs the encoder graph once per batch and the decoder-step graph
+once per step, and searches with `nmtkit.search.arrays`, the native search's rules over numpy:
+the same defaults (the GNMT length penalty, the exact `--early-stop bound`), every length
+penalty and stopping rule, `--nbest`, `--min-len`, `--no-repeat-ngram-size`, `--unk-penalty`,
+and sampling (numpy's generator, seeded by `--seed`: other samples than native's). It imports
+no torch (nor onnx: only onnxruntime and numpy).
+
+Refused in one line (`prepare` and the class attributes): a device other than the CPU,
+`--precision` other than fp32 (an int8 export is chosen when exported), `--ema` and `--quantize`
+(chosen at export time), ensembles, and scores of given targets, alignments and attention.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nmtkit.backends.engine import Engine, RuntimeOptions
+from nmtkit.backends.onnx.convert import DECODER_FILE, ENCODER_FILE, import_onnxruntime
+from nmtkit.device import parse_device
+from nmtkit.errors import UserError
+from nmtkit.search.config import Hypothesis, SearchConfig
+
+
+@dataclass
+class EncoderState:
+    """The encoder graph's outputs for M sentences, serving `rows` decoder rows (M divides it:
+    rows r*g .. r*g + g - 1 read sentence r)."""
+
+    arrays: dict[str, np.ndarray]  # src_bias (M, 1, 1, S), cross_k_i / cross_v_i (M, h, S, d)
+    rows: int
+
+    @property
+    def memory_rows(self) -> int:
+        return self.arrays["src_bias"].shape[0]
+
+
+class Graphs:
+    """The two ONNX Runtime sessions and the array model `nmtkit.search.arrays` searches over."""
+
+    def __init__(self, encoder, decoder):
+        self.encoder, self.decoder = encoder, decoder
+        ins = {i.name: i for i in decoder.get_inputs()}
+        self.layers = sum(1 for n in ins if n.startswith("self_k_"))
+        self._empty = [(ins[f"self_{kv}_{i}"].shape[1], ins[f"self_{kv}_{i}"].shape[3])
+                       for i in range(self.layers) for kv in "kv"]  # (heads, d) per cache input
+        self._cache_names = [f"self_{kv}_{i}" for i in range(self.layers) for kv in "kv"]
+        self._outputs = ["log_probs"] + [f"self_{kv}_out_{i}" for i in range(self.layers) for kv in "kv"]
+
+    @classmethod
+    def load(cls, folder: str | Path, threads: int = 0) -> Graphs:
+        ort = import_onnxruntime()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # no arena: the caches grow every step and the batch shrinks, so an arena keeps the
+        # largest of each size class (measured: 45 MiB more peak RSS at batch 128, no faster)
+        opts.enable_cpu_mem_arena = False
+        if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":  # as torch's and CTranslate2's threads:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # no spinning on a busy machine
+        sessions = [ort.InferenceSession(str(Path(folder) / f), opts, providers=["CPUExecutionProvider"])
+                    for f in (ENCODER_FILE, DECODER_FILE)]
+        return cls(*sessions)
+
+    def encode(self, src_tokens: np.ndarray) -> EncoderState:
+        """src_tokens (B, S) int64 -> the encoder's outputs for B sentences, one decoder row each."""
+        names = [o.name for o in self.encoder.get_outputs()]
+        arrays = dict(zip(names, self.encoder.run(names, {"src_tokens": src_tokens})))
+        return EncoderState(arrays, src_tokens.shape[0])
+
+    def new_cache(self) -> list[np.ndarray] | None:
+        return None  # sized at the first step, by the rows it serves
+
+    def empty_cache(self, rows: int) -> list[np.ndarray]:
+        """The self-attention caches before the first step: (rows, h, 0, d) each."""
+        return [np.zeros((rows, h, 0, d), np.float32) for h, d in self._empty]
+
+    def step(self, prev: np.ndarray, enc: EncoderState, cache: list[np.ndarray] | None):
+        """prev (N,) int64 -> ((N, V) float32 log-probs, the caches with this position)."""
+        if cache is None:
+            cache = self.empty_cache(len(prev))
+        feed = {"tokens": np.ascontiguousarray(prev, dtype=np.int64).reshape(-1, 1), **enc.arrays,
+                **dict(zip(self._cache_names, cache))}
+        out = self.decoder.run(self._outputs, feed)
+        return out[0], out[1:]
+
+    def select_cache(self, cache: list[np.ndarray], order: np.ndarray) -> list[np.ndarray]:
+        """Rows reordered in place in the list: each layer's old copy is freed before the next
+        one is made (one cache and one layer in memory, not two caches)."""
+        for i, c in enumerate(cache):
+            cache[i] = c.take(order, axis=0)
+        return cache
+
+    def select_enc(self, enc: EncoderState, order: np.ndarray) -> EncoderState:
+        """Row i <- old row order[i]: the sentences' rows are kept (or copied per row when the
+        new rows no longer come in equal groups per sentence)."""
+        m_old = enc.memory_rows
+        row_memory = order // (enc.rows // m_old)  # (N',) the sentence of each new row
+        starts = np.flatnonzero(np.r_[True, row_memory[1:] != row_memory[:-1]])
+        memory = row_memory[starts]
+        n, m = row_memory.size, memory.size
+        if n % m != 0 or not (row_memory.reshape(m, n // m) == memory[:, None]).all():
+            memory = row_memory  # not grouped: one sentence row per decoder row
+        elif m == m_old and (memory == np.arange(m)).all():
+            return EncoderState(enc.arrays, n)
+        return EncoderState({k: v.take(memory, axis=0) for k, v in enc.arrays.items()}, n)
+
+
+def collate_source(rows: Sequence[np.ndarray], eos: int, pad: int) -> np.ndarray:
+    """(B, S) int64: each row `ids + [</s>]`, right-padded (docs/internals.md)."""
+    S = max(len(ids) for ids in rows) + 1
+    out = np.full((len(rows), S), pad, dtype=np.int64)
+    for r, ids in enumerate(rows):
+        out[r, : len(ids)] = ids
+        out[r, len(ids)] = eos
+    return out
+
+
+class OnnxEngine(Engine):
+    """An export directory (`nmtkit export --format onnx`) run by ONNX Runtime. Not thread-safe."""
+
+    name = "onnx"
+    display = "ONNX Runtime"
+
+    def __init__(self, graphs: Graphs, *, info: dict, src_dict, tgt_dict):
+        self.graphs = graphs
+        self.info = info
+        self.device = "cpu"
+        arch = info["arch_config"]
+        self.max_source_tokens = arch["max_source_positions"] - 1  # positions include </s>
+        self.max_target_tokens = arch["max_target_positions"] - 1  # positions include <s>
+        self.src_dict, self.tgt_dict = src_dict, tgt_dict
+
+    @classmethod
+    def prepare(cls, options: RuntimeOptions, warn: Callable[[str], None]) -> int:
+        if options.threads < 0:
+            raise UserError(f"--threads must be >= 0 (0 = the runtime's default), got {options.threads}")
+        if options.precision != "fp32":
+            raise UserError(f"--precision {options.precision}: the ONNX export runs in float32 (or the int8 "
+                            "chosen when it was exported: nmtkit export --format onnx --quantization int8)")
+        req = parse_device(options.device)
+        if req.kind not in ("auto", "cpu"):
+            raise UserError(f"--device {req.name}: the ONNX Runtime engine runs on the CPU (--device cpu or auto)")
+        import_onnxruntime()
+        return options.threads
+
+    @classmethod
+    def open(cls, source, prepared: int, src_dict, tgt_dict, options: RuntimeOptions,
+             search_cfg: SearchConfig) -> OnnxEngine:
+        path = source.paths[0]
+        try:
+            graphs = Graphs.load(path, threads=prepared)
+        except Exception as e:  # onnxruntime raises its own exception types for a damaged graph
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{path}: ONNX Runtime cannot load its graphs: {first}") from None
+        return cls(graphs, info=source.info, src_dict=src_dict, tgt_dict=tgt_dict)
+
+    def architectures(self) -> list[dict]:
+        return [dict(self.info["arch_config"])]
+
+    def search(self, sources: Sequence[np.ndarray], cfg: SearchConfig,
+               positional_scores: bool = False) -> list[list[Hypothesis]]:
+        from nmtkit.search.arrays import search
+
+        if not sources:
+            return []
+        return search(self.graphs, collate_source(sources, self.src_dict.eos, self.src_dict.pad), cfg)
+
+    def __repr__(self) -> str:
+        return f"ONNX Runtime {self.info['runtime'].get('quantization', 'float32')}"
+
+
+ENGINE = OnnxEngine
