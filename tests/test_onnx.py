@@ -226,6 +226,7 @@ def test_the_engine_never_imports_torch(wm):
     (["--quantize", "int8"], "runs with the weight type chosen when it was exported"),
     (["--ema"], "holds the weights chosen when it was exported (nmtkit export --ema)"),
     (["--print-alignment"], "is run by ONNX Runtime, which nmtkit does not read attention or forced scores from"),
+    (["--constraints"], "ONNX Runtime has no constrained search"),
 ])
 def test_generate_refuses_what_the_engine_cannot_honour(wm, run_cli, args, message):
     r = run_cli("generate", "--path", wm["out"], "--input", wm["inputs"], *args)
