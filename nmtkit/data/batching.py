@@ -300,7 +300,7 @@ def collate(
 # the training batch plan: the batches of make_batches + shard_batches, in compact arrays
 # ---------------------------------------------------------------------------------------------
 
-SIZE_CHUNK = 1 << 20  # sentences read per step of a pass over the size arrays
+SIZE_CHUNK = 1 << 18  # sentences per step of a pass over the size arrays (bounds its int64 temporaries: ~20 MB)
 
 
 def _read_sizes(ds: TokenDataset, start: int, stop: int) -> np.ndarray:
