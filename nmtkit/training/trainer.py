@@ -444,6 +444,10 @@ class Trainer:
 
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
+        if info.enabled:  # before anything that waits on the others: fail fast, not at the timeout
+            from nmtkit.training.start import check_same_start, describe_start
+
+            check_same_start(D.all_gather_objects(describe_start(self.start, self.save_dir), info))
         self._build()
         self._make_iterators()
         st = self.state
