@@ -183,6 +183,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--mean-lines", type=float, default=1.6, help="mean sentences joined per pair")
     ap.add_argument("--keep", action="store_true", help="leave the scratch folder and the data directories")
+    ap.add_argument("--reuse", action="store_true", help="use WORK/dataN and WORK/ref when they exist")
+    ap.add_argument("--replicate", type=int, default=1,
+                    help="also measure training on the largest size's shards linked K times (K x the pairs)")
+    ap.add_argument("--replicate-only", action="store_true", help="with --replicate: skip the unlinked sizes' training")
     args = ap.parse_args()
     codes = [(c.split("=", 1) if "=" in c else (c, c)) for c in args.code.split(",")]
     codes = [(label, Path(p).resolve()) for label, p in codes]
@@ -198,6 +202,28 @@ def main() -> None:
 
 
 def run_size(args, n: int, codes: list[tuple[str, Path]]) -> None:
+    w = args.work
+    data = w / f"data{n}"
+    if args.reuse and (data / "manifest.json").is_file() and (w / "ref" / "manifest.json").is_file():
+        pairs = json.loads((data / "manifest.json").read_text())["splits"]["train"]["sentences"]
+        ref_pairs = json.loads((w / "ref" / "manifest.json").read_text())["splits"]["train"]["sentences"]
+        print(f"reusing {data} ({pairs:,} pairs) and {w / 'ref'}", flush=True)
+    else:
+        pairs, ref_pairs = prepare(args, n)
+    if not args.replicate_only:
+        measure_training(data, pairs, w / "ref", ref_pairs, codes, w)
+    if args.replicate > 1 and n == max(int(x) for x in args.sizes.split(",")):
+        data, pairs = replicate(data, args.replicate), pairs * args.replicate
+        print(f"{pairs:,} pairs: the shards above linked {args.replicate} times (hard links, not preprocessed)",
+              flush=True)
+        measure_training(data, pairs, w / "ref", ref_pairs, codes, w)
+    if not args.keep:
+        shutil.rmtree(w / f"data{n}", ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def prepare(args, n: int) -> tuple[int, int]:
+    """The corpus of n pairs preprocessed into WORK/dataN, and the reference corpus into WORK/ref."""
     w = args.work
     t = time.perf_counter()
     build_corpus(args.data, w / f"corpus{n}", n, args.mean_lines)
@@ -216,15 +242,48 @@ def run_size(args, n: int, codes: list[tuple[str, Path]]) -> None:
           f"average), --workers {args.workers}: "
           f"{pre['wall']:.0f}s ({pre['pairs'] / pre['wall']:,.0f} pairs/s), peak RSS {pre['peak_mb']:.0f} MiB; "
           f"data directory {du}", flush=True)
+    return pre["pairs"], ref_pre["pairs"]
+
+
+def replicate(data: Path, k: int) -> Path:
+    """A data directory whose train split is `data`'s shards listed k times (hard links, no disk):
+    k times the pairs for measuring training start-up, without preprocessing them."""
+    out = data.parent / f"{data.name}x{k}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    m = json.loads((data / "manifest.json").read_text())
+    for name in m["files"]:
+        os.link(data / name, out / name)
+    train, shards = m["splits"]["train"], []
+    for copy in range(k):
+        for shard in train["shards"]:
+            new = {"sentences": shard["sentences"]}
+            for lang in (m["source_lang"], m["target_lang"]):
+                e = dict(shard[lang])
+                for key in ("bin", "idx"):
+                    e[key] = re.sub(r"\.(\d+)\.", f".{len(shards):03d}.", e[key]) if copy else e[key]
+                    if copy:
+                        os.link(data / shard[lang][key], out / e[key])
+                        m["files"][e[key]] = m["files"][shard[lang][key]]
+                new[lang] = e
+            shards.append(new)
+    train["shards"] = shards
+    for key in ("lines", "sentences"):
+        train[key] *= k
+    train["tokens"] = {lang: v * k for lang, v in train["tokens"].items()}
+    m["fingerprint"] = f"{m.get('fingerprint')}x{k}"
+    (out / "manifest.json").write_text(json.dumps(m, indent=2))
+    return out
+
+
+def measure_training(data: Path, pairs: int, ref: Path, ref_pairs: int, codes, w: Path) -> None:
     for label, code in codes:
         for procs in (1, 2):
-            ref = train_figures(code, w / "ref", w, procs)
-            big = train_figures(code, w / f"data{n}", w, procs)
-            report(label, pre["pairs"], ref_pre["pairs"], big, ref, procs)
-        r = resume_figures(code, w / f"data{n}", w)
+            r0 = train_figures(code, ref, w, procs)
+            big = train_figures(code, data, w, procs)
+            report(label, pairs, ref_pairs, big, r0, procs)
+        r = resume_figures(code, data, w)
         print(f"  {label}: resume mid-epoch (update 2 of an epoch) to its next update: {r['seconds']:.1f}s", flush=True)
-    if not args.keep:
-        shutil.rmtree(w / f"data{n}", ignore_errors=True)
 
 
 if __name__ == "__main__":
