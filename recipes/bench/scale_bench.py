@@ -124,12 +124,16 @@ def first_update(code: Path, data: Path, save: Path, procs: int, extra: list[str
     log = save / "train_log.jsonl"
     t0 = time.perf_counter()
     proc = subprocess.Popen(base, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak: dict[int, int] = {}
+    peak: dict[int, int] = {}  # VmHWM: the kernel's peak of all resident pages, mapped shard pages included
+    peak_anon: dict[int, int] = {}  # the largest private (RssAnon) figure sampled every 50 ms
     at_first, seconds = None, None
     while proc.poll() is None:
         ranks = workers_of(proc.pid, procs)
         for r in ranks:
-            peak[r] = max(peak.get(r, 0), proc_mem(r).get("VmHWM", 0))
+            m = proc_mem(r)
+            peak[r] = max(peak.get(r, 0), m.get("VmHWM", 0))
+            if at_first is None:
+                peak_anon[r] = max(peak_anon.get(r, 0), m.get("RssAnon", 0))
         if at_first is None and log.is_file():
             recs = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
             if any(r["type"] == "train" and r["update"] >= want_update for r in recs):
@@ -139,7 +143,8 @@ def first_update(code: Path, data: Path, save: Path, procs: int, extra: list[str
     out, err = proc.communicate()
     if proc.returncode != 0 or at_first is None:
         sys.exit(f"bench: train failed ({proc.returncode}) with {code}:\n{err[-3000:]}")
-    return {"seconds": seconds, "ranks": at_first, "peak_kb": sorted(peak.values())[-procs:]}
+    return {"seconds": seconds, "ranks": at_first, "peak_kb": sorted(peak.values())[-procs:],
+            "peak_anon_kb": sorted(peak_anon.values())[-procs:]}
 
 
 def train_figures(code: Path, data: Path, work: Path, procs: int) -> dict:
@@ -164,13 +169,14 @@ def mean_kb(r: dict, key: str) -> float:
 
 
 def report(label: str, n: int, small: int, big: dict, ref: dict, procs: int) -> None:
+    """One line: seconds to the first update and bytes per pair per rank (N against the reference)."""
     per = {k: (mean_kb(big, k) - mean_kb(ref, k)) * 1024 / (n - small) for k in ("VmRSS", "RssAnon")}
-    peak = (sum(big["peak_kb"]) - sum(ref["peak_kb"])) / procs * 1024 / (n - small)
-    print(f"  {label}, {procs} process(es): first update after {big['seconds']:.1f}s "
-          f"(reference corpus {ref['seconds']:.1f}s); per rank at the first update "
-          f"{mean_kb(big, 'VmRSS') / 1024:.0f} MiB RSS ({mean_kb(big, 'RssAnon') / 1024:.0f} MiB private), "
-          f"{per['VmRSS']:.1f} bytes per pair ({per['RssAnon']:.1f} private); peak {peak:.1f} bytes per pair",
-          flush=True)
+    peak = {k: (sum(big[k]) - sum(ref[k])) / procs * 1024 / (n - small) for k in ("peak_kb", "peak_anon_kb")}
+    print(f"  {label}, {procs} process(es), {n:,} pairs: first update after {big['seconds']:.1f}s "
+          f"(reference corpus {ref['seconds']:.1f}s); per rank there: {mean_kb(big, 'RssAnon') / 1024:.0f} MiB "
+          f"private, {per['RssAnon']:.1f} bytes per pair (start-up peak {peak['peak_anon_kb']:.1f}); "
+          f"all resident pages incl. mapped shards {mean_kb(big, 'VmRSS') / 1024:.0f} MiB, {per['VmRSS']:.1f} "
+          f"bytes per pair (VmHWM {peak['peak_kb']:.1f})", flush=True)
 
 
 def main() -> None:
