@@ -48,7 +48,7 @@ from nmtkit.training.ema import EMA
 from nmtkit.training.loss import bits_per_token
 from nmtkit.training.report import JsonlLog, TensorBoardLog, TrainProgress, require_tensorboard
 from nmtkit.training.schedule import Schedule
-from nmtkit.training.start import find_start
+from nmtkit.training.start import check_same_start, describe_start, find_start
 from nmtkit.training.state import LoopState, TrainState
 from nmtkit.training.step import MIN_LOSS_SCALE, StepResult, TrainingObjects, UpdateStep, autocast
 from nmtkit.training.step import total_norm as _total_norm  # noqa: F401 - used by recipes/bench/train_profile.py
@@ -445,8 +445,6 @@ class Trainer:
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
         if info.enabled:  # before anything that waits on the others: fail fast, not at the timeout
-            from nmtkit.training.start import check_same_start, describe_start
-
             check_same_start(D.all_gather_objects(describe_start(self.start, self.save_dir), info))
         self._build()
         self._make_iterators()
