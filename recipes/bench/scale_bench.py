@@ -123,7 +123,9 @@ def first_update(code: Path, data: Path, save: Path, procs: int, extra: list[str
                 *base[1:]]
     log = save / "train_log.jsonl"
     t0 = time.perf_counter()
-    proc = subprocess.Popen(base, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH, so a
+    # checkout there would be imported instead of `code`
+    proc = subprocess.Popen(base, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=save.parent)
     peak: dict[int, int] = {}  # VmHWM: the kernel's peak of all resident pages, mapped shard pages included
     peak_anon: dict[int, int] = {}  # the largest private (RssAnon) figure sampled every 50 ms
     at_first, seconds = None, None
