@@ -14,6 +14,8 @@
 #   SIZES=1000000         comma-separated corpus sizes in pairs
 #   BASELINE=DIR          also train with the nmtkit checkout in DIR (before/after in one run)
 #   WORKERS=2             preprocess --workers
+#   REPLICATE=K           also train on the largest size's shards hard-linked K times (K x the
+#                         pairs, no preprocessing, no disk; e.g. 36M pairs from 9M)
 #   NMTKIT_SHARED=DIR     the shared folder holding data/ (default: ../shared)
 #   BENCH_DIR=DIR         scratch folder, about 150 bytes per pair at the largest size plus its
 #                         text (default: ./runs/bench_scale)
@@ -25,4 +27,5 @@ shared=${NMTKIT_SHARED:-$(pwd)/../shared}
 code="this=$(pwd)"
 [ -n "${BASELINE:-}" ] && code="$code,baseline=$BASELINE"
 python recipes/bench/scale_bench.py --data "$shared/data" --sizes "${SIZES:-1000000}" \
-    --work "${BENCH_DIR:-$(pwd)/runs/bench_scale}" --workers "${WORKERS:-2}" --code "$code"
+    --work "${BENCH_DIR:-$(pwd)/runs/bench_scale}" --workers "${WORKERS:-2}" --code "$code" \
+    --replicate "${REPLICATE:-1}"
