@@ -91,6 +91,8 @@ def test_plan_across_chunks_and_shards_reads_the_indexes(tmp_path, monkeypatch):
         assert eb.scan.length_values.nbytes <= 8 * 60  # the histogram is bounded by the lengths, not the pairs
         batch = next(eb.iterate(3, offset=len(plan) - 1))
         assert batch.indices.tolist() == plan[-1].tolist()
+        held = [v for obj in (eb, eb.scan, eb.filter, plan) for v in vars(obj).values() if isinstance(v, np.ndarray)]
+        assert held and not [a for a in held if a.dtype.itemsize >= 8 and a.size >= len(plan.positions)]  # no per-pair int64
     for d in ds.values():  # the cached int64 size array was never built
         assert "sizes" not in vars(d)
 
