@@ -51,11 +51,9 @@ def pair_cost_lengths(src_sizes: np.ndarray, tgt_sizes: np.ndarray, pad_multiple
     return _round_up(lengths, pad_multiple)
 
 
-@dataclass(frozen=True)
-class SizeFilter:
-    """Which pairs survive the model's limits, and how many were skipped for which reason."""
+class _SkipCounts:
+    """How many pairs were skipped for which reason (shared by the filters below)."""
 
-    indices: np.ndarray  # (n_kept,) int64, ascending
     skipped_src_too_long: int
     skipped_tgt_too_long: int
     skipped_over_max_tokens: int
@@ -73,6 +71,16 @@ class SizeFilter:
         if self.skipped_over_max_tokens:
             parts.append(f"{self.skipped_over_max_tokens} larger than --max-tokens alone")
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class SizeFilter(_SkipCounts):
+    """Which pairs survive the model's limits, and how many were skipped for which reason."""
+
+    indices: np.ndarray  # (n_kept,) int64, ascending
+    skipped_src_too_long: int
+    skipped_tgt_too_long: int
+    skipped_over_max_tokens: int
 
 
 def filter_by_size(
@@ -120,6 +128,13 @@ def _batch_sizes(lengths: np.ndarray, max_tokens: int | None, max_sentences: int
     if len(lengths) == 0:
         return []
     values, counts = np.unique(lengths, return_counts=True)  # values ascending, as lengths is sorted
+    return _batch_sizes_from_counts(values, counts, max_tokens, max_sentences)
+
+
+def _batch_sizes_from_counts(values: np.ndarray, counts: np.ndarray, max_tokens: int | None,
+                             max_sentences: int | None) -> list[int]:
+    """_batch_sizes given the histogram of the lengths (distinct values ascending, their counts):
+    the batch sizes depend on nothing else, so the plan knows them before it sorts any pair."""
     big = np.iinfo(np.int64).max
     sizes: list[int] = []
     cur = 0
@@ -281,11 +296,224 @@ def collate(
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# the training batch plan: the batches of make_batches + shard_batches, in compact arrays
+# ---------------------------------------------------------------------------------------------
+
+SIZE_CHUNK = 1 << 18  # sentences per step of a pass over the size arrays (bounds its int64 temporaries: ~20 MB)
+
+
+def _read_sizes(ds: TokenDataset, start: int, stop: int) -> np.ndarray:
+    """Lengths of sentences start .. stop - 1 as int64: from the shard indexes when the dataset
+    can read them (ShardedDataset.sizes_between), else a slice of its `sizes`."""
+    reader = getattr(ds, "sizes_between", None)
+    if reader is not None:
+        return np.asarray(reader(start, stop), dtype=np.int64)
+    return np.asarray(ds.sizes[start:stop], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_tokens: int | None
+    max_sentences: int | None
+    max_source_positions: int | None
+    max_target_positions: int | None
+    pad_multiple: int
+
+
+def _kept_chunks(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits, chunk: int = SIZE_CHUNK):
+    """One pass over the size arrays, chunk by chunk: (first position, SizeFilter of the chunk with
+    chunk-local indices, kept source sizes, kept target sizes, kept cost lengths), all int64."""
+    n = len(src_ds)
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        src, tgt = _read_sizes(src_ds, a, b), _read_sizes(tgt_ds, a, b)
+        f = filter_by_size(src, tgt, max_source_positions=lim.max_source_positions,
+                           max_target_positions=lim.max_target_positions, max_tokens=lim.max_tokens,
+                           pad_multiple=lim.pad_multiple)
+        src, tgt = src[f.indices], tgt[f.indices]
+        yield a, f, src, tgt, pair_cost_lengths(src, tgt, lim.pad_multiple)
+
+
+@dataclass(frozen=True)
+class SizeScan(_SkipCounts):
+    """What one pass over the size arrays tells the plan: skip counts, the histogram of the kept
+    pairs' cost lengths (which alone fixes the batch sizes) and the largest sizes (key widths)."""
+
+    kept: int
+    skipped_src_too_long: int
+    skipped_tgt_too_long: int
+    skipped_over_max_tokens: int
+    length_values: np.ndarray  # (n_distinct,) int64 ascending
+    length_counts: np.ndarray  # (n_distinct,) int64
+    max_src: int
+    max_tgt: int
+
+
+def scan_sizes(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits) -> SizeScan:
+    if len(src_ds) != len(tgt_ds):
+        raise ValueError(f"source has {len(src_ds)} sentences but target has {len(tgt_ds)}")
+    hist = np.zeros(0, np.int64)
+    skips = np.zeros(3, np.int64)
+    kept, max_src, max_tgt = 0, 0, 0
+    for _, f, src, tgt, lengths in _kept_chunks(src_ds, tgt_ds, lim):
+        skips += (f.skipped_src_too_long, f.skipped_tgt_too_long, f.skipped_over_max_tokens)
+        kept += len(lengths)
+        if len(lengths):
+            h = np.bincount(lengths)
+            hist = np.pad(hist, (0, max(0, len(h) - len(hist))))
+            hist[: len(h)] += h
+            max_src, max_tgt = max(max_src, int(src.max())), max(max_tgt, int(tgt.max()))
+    values = np.flatnonzero(hist)
+    return SizeScan(kept, int(skips[0]), int(skips[1]), int(skips[2]), values, hist[values], max_src, max_tgt)
+
+
+class BatchPlan:
+    """One rank's batches of one epoch: `positions` (pair indices, int32 below 2**31 pairs) cut at
+    `bounds` (batch b is positions[bounds[b]:bounds[b + 1]]). A sequence of index arrays (views),
+    so it reads like the list make_batches + shard_batches return, at 4 bytes per pair of this rank."""
+
+    def __init__(self, positions: np.ndarray, bounds: np.ndarray):
+        self.positions = positions  # (n_pairs_of_this_rank,) int32 / int64
+        self.bounds = bounds  # (n_batches + 1,) int64
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"batch {i} out of range for {n} batches")
+        i = i % n
+        return self.positions[self.bounds[i] : self.bounds[i + 1]]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.positions.nbytes + self.bounds.nbytes)
+
+
+def _position_dtype(n: int) -> np.dtype:
+    return np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64)
+
+
+def _bits(x: int) -> int:
+    return max(int(x), 0).bit_length()
+
+
+class _SortedPairs:
+    """The kept pairs in plan order, slot k -> pair position, without an int64 array per pair.
+
+    The order is make_batches': by cost length, then target size, then source size, then a
+    random tie rank from the generator (or the position itself without shuffling). All four fit
+    one uint64 key when their bit widths add up to at most 64 (tie ranks need log2(#pairs) bits,
+    sizes about 11 each): the keys are sorted in place and `owner[tie]` maps a key back to its
+    pair (4 bytes per pair). Wider sizes fall back to np.lexsort on int64 columns.
+    """
+
+    def __init__(self, src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits, scan: SizeScan,
+                 rng: np.random.Generator | None):
+        n = scan.kept
+        self.tie_bits = _bits(n - 1)
+        self.src_bits, self.tgt_bits = _bits(scan.max_src), _bits(scan.max_tgt)
+        len_bits = _bits(int(scan.length_values[-1])) if n else 0
+        tie = None
+        if rng is not None:  # the same draws as make_batches' rng.permutation(n), in 4 bytes per pair
+            tie = np.arange(n, dtype=_position_dtype(n))
+            rng.shuffle(tie)
+        if self.tie_bits + self.src_bits + self.tgt_bits + len_bits <= 64:
+            self._pack(src_ds, tgt_ds, lim, n, tie)
+        else:
+            self._lexsort(src_ds, tgt_ds, lim, tie)
+
+    def _pack(self, src_ds, tgt_ds, lim, n, tie) -> None:
+        self.keys = np.empty(n, np.uint64)  # (n_kept,) length | tgt | src | tie rank
+        self.owner = np.empty(n, _position_dtype(max(len(src_ds), 1)))  # (n_kept,) tie rank -> pair
+        s_shift, t_shift = self.tie_bits, self.tie_bits + self.src_bits
+        l_shift = t_shift + self.tgt_bits
+        p = 0
+        for a, f, src, tgt, lengths in _kept_chunks(src_ds, tgt_ds, lim):
+            k = len(lengths)
+            ranks = tie[p : p + k] if tie is not None else np.arange(p, p + k)
+            u = np.uint64
+            self.keys[p : p + k] = ((lengths.astype(u) << u(l_shift)) | (tgt.astype(u) << u(t_shift))
+                                    | (src.astype(u) << u(s_shift)) | ranks.astype(u))
+            self.owner[ranks] = f.indices + a
+            p += k
+        del tie
+        self.keys.sort()  # in place: the keys are unique, so any sort gives the one order
+        self.rank_mask = np.uint64((1 << self.tie_bits) - 1)
+
+    def _lexsort(self, src_ds, tgt_ds, lim, tie) -> None:
+        idx, src, tgt, lengths = [], [], [], []
+        for a, f, s, t, ln in _kept_chunks(src_ds, tgt_ds, lim):
+            idx.append(f.indices + a), src.append(s), tgt.append(t), lengths.append(ln)
+        idx, src, tgt, lengths = (np.concatenate(c) if c else np.zeros(0, np.int64) for c in (idx, src, tgt, lengths))
+        order = np.lexsort((tie if tie is not None else idx, src, tgt, lengths))
+        self.keys, self.rank_mask = None, None
+        self.owner = idx[order].astype(_position_dtype(max(len(src_ds), 1)))  # (n_kept,) slot -> pair
+
+    def positions(self, slots: np.ndarray) -> np.ndarray:
+        """Pair positions at plan slots `slots`."""
+        if self.keys is None:
+            return self.owner[slots]
+        return self.owner[self.keys[slots] & self.rank_mask]
+
+
+def build_plan(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits, scan: SizeScan, *, shuffle: bool,
+               seed: int, epoch: int, rank: int, world_size: int) -> BatchPlan:
+    """This rank's share of make_batches(...) after shard_batches(...), the same batches in the same
+    order, holding 4 bytes per pair of this rank once built (about 16 per kept pair while sorting)."""
+    if not lim.max_tokens and not lim.max_sentences:
+        raise ValueError("need max_tokens or max_sentences")
+    rng = np.random.default_rng([seed, epoch]) if shuffle else None
+    pairs = _SortedPairs(src_ds, tgt_ds, lim, scan, rng)  # draws the tie ranks first, as make_batches
+    sizes = np.asarray(_batch_sizes_from_counts(scan.length_values, scan.length_counts, lim.max_tokens,
+                                                lim.max_sentences), dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # (n_batches + 1,)
+    order = rng.permutation(len(sizes)) if rng is not None and len(sizes) else np.arange(len(sizes))
+    if world_size > 1:
+        order = order[rank : (len(order) // world_size) * world_size : world_size]
+    mine = sizes[order]
+    bounds = np.concatenate([[0], np.cumsum(mine)]).astype(np.int64)
+    positions = np.empty(int(bounds[-1]), pairs.owner.dtype)
+    step = 8192  # batches gathered per step: the slot numbers are int64, so a bounded number at a time
+    for c in range(0, len(order), step):
+        b, lens = order[c : c + step], mine[c : c + step]
+        local = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        slots = np.repeat(starts[b] - local, lens) + np.arange(int(lens.sum()))
+        positions[bounds[c] : bounds[c] + len(slots)] = pairs.positions(slots)
+    return BatchPlan(positions, bounds)
+
+
+class _PlanFilter(_SkipCounts):
+    """EpochBatches.filter: the skip counts of the scan; the kept positions only when asked for."""
+
+    def __init__(self, scan: SizeScan, indices):
+        self.skipped_src_too_long = scan.skipped_src_too_long
+        self.skipped_tgt_too_long = scan.skipped_tgt_too_long
+        self.skipped_over_max_tokens = scan.skipped_over_max_tokens
+        self._indices = indices
+
+    @property
+    def indices(self) -> np.ndarray:
+        """(n_kept,) ascending positions of the kept pairs, computed on each call (not held)."""
+        return self._indices()
+
+
 class EpochBatches:
     """The training data stream: epoch e's batches for this rank, resumable at any batch offset.
 
     The exact data position is (epoch, offset): `iterate(epoch, offset)` yields the same batches an
     uninterrupted run would have seen after consuming `offset` of them.
+
+    Memory: what stays resident is one BatchPlan (4 bytes per pair of this rank) and the length
+    histogram; the size arrays are streamed from the shard indexes, once at start (the scan: skip
+    counts and batches per epoch) and once per epoch plan.
     """
 
     def __init__(
@@ -306,40 +534,36 @@ class EpochBatches:
         if len(src_ds) != len(tgt_ds):
             raise ValueError(f"source has {len(src_ds)} sentences but target has {len(tgt_ds)}")
         self.src_ds, self.tgt_ds = src_ds, tgt_ds
-        self.max_tokens, self.max_sentences = max_tokens, max_sentences
-        self.pad_multiple, self.shuffle, self.seed = pad_multiple, shuffle, seed
+        self.max_tokens, self.max_sentences, self.pad_multiple = max_tokens, max_sentences, pad_multiple
+        self.limits = _Limits(max_tokens, max_sentences, max_source_positions, max_target_positions, pad_multiple)
+        self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
-        self.filter = filter_by_size(
-            src_ds.sizes,
-            tgt_ds.sizes,
-            max_source_positions=max_source_positions,
-            max_target_positions=max_target_positions,
-            max_tokens=max_tokens,
-            pad_multiple=pad_multiple,
-        )
-        self._cache: tuple[int, list[np.ndarray]] | None = None
+        self.scan = scan_sizes(src_ds, tgt_ds, self.limits)
+        self.filter = _PlanFilter(self.scan, self._kept_indices)
+        self._cache: tuple[int, BatchPlan] | None = None
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
-        """This rank's batches (arrays of pair indices) for `epoch` (1-based)."""
+    def _kept_indices(self) -> np.ndarray:
+        parts = [f.indices + a for a, f, *_ in _kept_chunks(self.src_ds, self.tgt_ds, self.limits)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def batches(self, epoch: int) -> BatchPlan:
+        """This rank's batches (arrays of pair indices) for `epoch` (1-based), built once per epoch."""
         if self._cache is None or self._cache[0] != epoch:
-            all_batches = make_batches(
-                self.filter.indices,
-                self.src_ds.sizes,
-                self.tgt_ds.sizes,
-                max_tokens=self.max_tokens,
-                max_sentences=self.max_sentences,
-                pad_multiple=self.pad_multiple,
-                shuffle=self.shuffle,
-                seed=self.seed,
-                epoch=epoch,
-            )
-            self._cache = (epoch, shard_batches(all_batches, self.rank, self.world_size))
+            self._cache = None  # the previous epoch's plan goes before the next one is built
+            self._cache = (epoch, build_plan(self.src_ds, self.tgt_ds, self.limits, self.scan, shuffle=self.shuffle,
+                                             seed=self.seed, epoch=epoch, rank=self.rank,
+                                             world_size=self.world_size))
         return self._cache[1]
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank: the same every epoch (only tie order and batch order change)."""
-        return len(self.batches(self._cache[0] if self._cache is not None else 1))
+        """Batches per epoch for this rank: the same every epoch (only tie order and batch order
+        change), known from the length histogram without building a plan."""
+        s = self.scan
+        n = len(_batch_sizes_from_counts(s.length_values, s.length_counts, self.limits.max_tokens,
+                                         self.limits.max_sentences))
+        return n // self.world_size if self.world_size > 1 else n
 
     def iterate(self, epoch: int, offset: int = 0) -> Iterator[Batch]:
-        for idx in self.batches(epoch)[offset:]:
-            yield collate(self.src_ds, self.tgt_ds, idx, self.pad_multiple)
+        plan = self.batches(epoch)
+        for i in range(offset, len(plan)):
+            yield collate(self.src_ds, self.tgt_ds, plan[i], self.limits.pad_multiple)

@@ -15,6 +15,7 @@ The dtype is recorded in manifest.json (and must match the .bin size). Layout: d
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -196,6 +197,20 @@ class IndexedShard:
     def sizes(self) -> np.ndarray:
         return np.diff(np.asarray(self.offsets)).astype(np.int64)
 
+    def sizes_between(self, start: int, stop: int) -> np.ndarray:
+        """Lengths of sentences start .. stop - 1 (int64), read from the index file, not its mapping.
+
+        Why a read and not the memmap: a pass over the whole index through the mapping leaves every
+        page of it counted in this process's resident memory (8 bytes per sentence), while a read
+        goes through the page cache only, which all ranks share and the OS can drop.
+        """
+        if stop <= start:
+            return np.zeros(0, np.int64)
+        with open(self.idx_path, "rb") as fh:
+            fh.seek(IDX_HEADER_BYTES + start * OFFSET_DTYPE.itemsize)
+            offsets = np.fromfile(fh, dtype=OFFSET_DTYPE, count=stop - start + 1)
+        return np.diff(offsets).astype(np.int64, copy=False)
+
     def __getitem__(self, i: int) -> np.ndarray:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return np.asarray(self.tokens[a:b], dtype=np.int64)
@@ -204,22 +219,39 @@ class IndexedShard:
 class ShardedDataset:
     """One split of one language: its shards concatenated, read lazily.
 
-    `ds[i]` is sentence i as an int64 array of dictionary ids without </s>; `ds.sizes` holds every
-    sentence's length (in memory: 8 bytes per sentence); the token ids stay on disk.
+    `ds[i]` is sentence i as an int64 array of dictionary ids without </s>; the token ids stay on
+    disk. `ds.sizes_between(a, b)` reads a range of sentence lengths from the indexes (what the
+    training batch plan streams through, holding no per-sentence array); `ds.sizes` is every
+    length at once (8 bytes per sentence, built on first use and kept).
     """
 
     def __init__(self, shards: list[IndexedShard]):
         self.shards = shards
         counts = [len(s) for s in shards]
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
-        self.sizes = (np.concatenate([s.sizes for s in shards]) if shards else np.zeros(0, np.int64)).astype(np.int64)
+
+    @functools.cached_property
+    def sizes(self) -> np.ndarray:
+        return np.concatenate([s.sizes for s in self.shards]).astype(np.int64) if self.shards else np.zeros(0, np.int64)
+
+    def sizes_between(self, start: int, stop: int) -> np.ndarray:
+        """Lengths of sentences start .. stop - 1 (int64) across shard boundaries, read from the indexes."""
+        start, stop = max(0, int(start)), min(len(self), int(stop))
+        parts = []
+        k = bisect.bisect_right(self._starts, start) - 1
+        while start < stop and k < len(self.shards):
+            base = self._starts[k]
+            end = min(stop, self._starts[k + 1])
+            parts.append(self.shards[k].sizes_between(start - base, end - base))
+            start, k = end, k + 1
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def __len__(self) -> int:
         return self._starts[-1]
 
     @property
     def num_tokens(self) -> int:
-        return int(self.sizes.sum())
+        return int(sum(int(s.offsets[-1]) for s in self.shards))
 
     def __getitem__(self, i: int) -> np.ndarray:
         n = len(self)

@@ -185,3 +185,43 @@ def find_start(cfg: TrainConfig, save_dir: Path) -> Start:
         start.notes.append(f"--finetune-from-model {cfg.finetune_from_model} is not used: {save_dir} already holds "
                            f"{LAST}, whose run resumes (choose another --save-dir to start fine-tuning anew)")
     return start
+
+
+def describe_start(start: Start, save_dir: Path) -> tuple[str, int | None, str]:
+    """(kind, checkpoint update, checkpoint path) of this rank's start: what every rank must share."""
+    path = start.path if start.path is not None else Path(save_dir) / LAST
+    return start.kind, start.ckpt_update, str(path)
+
+
+def check_same_start(starts: list[tuple[str, int | None, str]]) -> None:
+    """UserError (one line naming the ranks and their updates) unless every rank starts alike.
+
+    Why: each rank reads checkpoint_last.pt from its own view of --save-dir. Node-local save
+    directories (only rank 0 writes checkpoints) leave the other nodes with an older checkpoint or
+    none, and ranks at different updates would wait on each other's collectives until the timeout.
+    """
+    if len({(kind, update) for kind, update, _ in starts}) <= 1:
+        return
+    groups: dict[tuple, list[int]] = {}
+    for rank, entry in enumerate(starts):
+        groups.setdefault(entry, []).append(rank)
+    parts = []
+    for (kind, update, path), ranks in groups.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
+        what = {"resume": f"at update {update} (resuming {path})",
+                "finetune": f"at update 0 (fine-tuning from {path}: no {LAST} in --save-dir)"}.get(
+                    kind, f"at update 0 (fresh: no {path})")
+        parts.append(f"{who} {what}")
+    raise UserError("the ranks do not start from the same checkpoint: " + ", ".join(parts) +
+                    "; every node must see the same --save-dir (a shared file system), or copy "
+                    f"rank 0's {LAST} to the others")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None]):
+        if cur is None or cur != prev + 1:  # a run ends at prev
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(out)

@@ -48,7 +48,7 @@ from nmtkit.training.ema import EMA
 from nmtkit.training.loss import bits_per_token
 from nmtkit.training.report import JsonlLog, TensorBoardLog, TrainProgress, require_tensorboard
 from nmtkit.training.schedule import Schedule
-from nmtkit.training.start import find_start
+from nmtkit.training.start import check_same_start, describe_start, find_start
 from nmtkit.training.state import LoopState, TrainState
 from nmtkit.training.step import MIN_LOSS_SCALE, StepResult, TrainingObjects, UpdateStep, autocast
 from nmtkit.training.step import total_norm as _total_norm  # noqa: F401 - used by recipes/bench/train_profile.py
@@ -444,6 +444,8 @@ class Trainer:
 
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
+        if info.enabled:  # before anything that waits on the others: fail fast, not at the timeout
+            check_same_start(D.all_gather_objects(describe_start(self.start, self.save_dir), info))
         self._build()
         self._make_iterators()
         st = self.state
@@ -571,33 +573,39 @@ class Trainer:
             self.progress.line(f"batching settings changed since the checkpoint ({key} -> {self.batching_key}); "
                                f"epoch {st.epoch} continues at batch {st.batch_offset} of the new plan", style="yellow")
 
-    def _groups(self, batches: list, start: int):
+    def _groups(self, batches, start: int):
         """(batch index arrays, collated batches) of each update of the epoch from batch `start` on.
 
         With prefetching (default on CUDA) the next update's batches are collated and pinned in a
         background thread while the current update runs on the device.
         """
         k = self.cfg.update_freq
-        groups = [batches[i : i + k] for i in range(start, len(batches), k)]
+        starts = range(start, len(batches), k)  # group j is made when due, not listed up front
         pin = self.device.type == "cuda"
 
-        def make(group):
-            out = [collate(self.train_src, self.train_tgt, idx, self.pad_multiple) for idx in group]
+        def group(j):
+            return batches[starts[j] : starts[j] + k]
+
+        def make(g):
+            out = [collate(self.train_src, self.train_tgt, idx, self.pad_multiple) for idx in g]
             return [b.pin_memory() for b in out] if pin else out
 
         prefetch = self.cfg.prefetch if self.cfg.prefetch is not None else self.device.type == "cuda"
-        if not prefetch or not groups:
-            for g in groups:
+        if not prefetch or not starts:
+            for j in range(len(starts)):
+                g = group(j)
                 yield g, make(g)
             return
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmtkit-collate") as pool:
-            future = pool.submit(make, groups[0])
-            for j, g in enumerate(groups):
-                collated = future.result()
-                if j + 1 < len(groups):
-                    future = pool.submit(make, groups[j + 1])
+            nxt = group(0)
+            future = pool.submit(make, nxt)
+            for j in range(len(starts)):
+                g, collated = nxt, future.result()
+                if j + 1 < len(starts):
+                    nxt = group(j + 1)
+                    future = pool.submit(make, nxt)
                 yield g, collated
 
     def _after_step(self, out: StepResult, result: TrainResult) -> None:
