@@ -5,8 +5,8 @@ Why `torch.nn.functional.scaled_dot_product_attention`: it computes exactly
 1/sqrt(d_k)) and dispatches to the fused flash / memory-efficient kernels where the hardware has
 them, falling back to the plain math on CPU. Masks are boolean, True = "may attend".
 
-The projections have no bias, as in the paper's `Q W_i^Q`, `K W_i^K`, `V W_i^V`, `Concat(...) W^O`
-(and tensor2tensor). Self-attention uses one fused Q|K|V projection (one matmul instead of three);
+The projections have no bias by default, as in the paper's `Q W_i^Q`, `K W_i^K`, `V W_i^V`, `Concat(...) W^O`
+(and tensor2tensor); `bias=True` gives fairseq's, for imported models. Self-attention uses one fused Q|K|V projection (one matmul instead of three);
 encoder-decoder attention projects Q from the decoder and a fused K|V from the encoder output,
 which decoding computes once per sentence. Per-head key size d_k and value size d_v may differ
 (Table 3 row B changes d_k alone).
@@ -58,17 +58,18 @@ class MultiheadAttention(nn.Module):
     capture: list[Tensor] | None = None
 
     def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, dropout: float,
-                 self_attention: bool):
+                 self_attention: bool, bias: bool = False):
         super().__init__()
         self.heads, self.d_k, self.d_v = heads, d_k, d_v
         self.dropout = dropout
         self.self_attention = self_attention
+        # bias=True: fairseq's projections (`ArchConfig.attention_bias`); the paper's have none
         if self_attention:
-            self.qkv_proj = uninitialized(nn.Linear, d_model, heads * (2 * d_k + d_v), bias=False)
+            self.qkv_proj = uninitialized(nn.Linear, d_model, heads * (2 * d_k + d_v), bias=bias)
         else:
-            self.q_proj = uninitialized(nn.Linear, d_model, heads * d_k, bias=False)
-            self.kv_proj = uninitialized(nn.Linear, d_model, heads * (d_k + d_v), bias=False)
-        self.out_proj = uninitialized(nn.Linear, heads * d_v, d_model, bias=False)
+            self.q_proj = uninitialized(nn.Linear, d_model, heads * d_k, bias=bias)
+            self.kv_proj = uninitialized(nn.Linear, d_model, heads * (d_k + d_v), bias=bias)
+        self.out_proj = uninitialized(nn.Linear, heads * d_v, d_model, bias=bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -84,6 +85,11 @@ class MultiheadAttention(nn.Module):
             nn.init.xavier_uniform_(w[:hk])
             nn.init.xavier_uniform_(w[hk:])
         nn.init.xavier_uniform_(self.out_proj.weight)
+        for proj in (self.qkv_proj,) if self.self_attention else (self.q_proj, self.kv_proj):
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+        if self.out_proj.bias is not None:
+            nn.init.zeros_(self.out_proj.bias)
 
     # ---- projections ---------------------------------------------------------------------------
     def _heads(self, x: Tensor, d: int) -> Tensor:

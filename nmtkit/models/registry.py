@@ -23,6 +23,8 @@ from nmtkit.errors import UserError
 from nmtkit.settings import check_number
 
 SHARE_MODES = ("all", "decoder", "none")
+SINUSOID_FORMS = ("paper", "fairseq")
+DECODER_STARTS = ("bos", "eos")
 
 # ---- the largest values a config may hold ---------------------------------------------------------
 # Why: a config is also read from files anyone can write (a checkpoint's `arch_config`, an export's
@@ -44,6 +46,11 @@ MAX_POSITIONS = 65536  # per side: 64 times the 1024 of every named architecture
 # while computed in float64), which transformer_big reaches with 16384 positions, 16 times its 1024;
 # learned tables are stored, so checked as tensors
 MAX_SINUSOID_VALUES = 2**24
+
+# string fields and the values each may take
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {
+    "share_embeddings": SHARE_MODES, "sinusoid": SINUSOID_FORMS, "decoder_start": DECODER_STARTS,
+}
 
 LIMITS: dict[str, int] = {
     "encoder_layers": MAX_LAYERS, "decoder_layers": MAX_LAYERS, "d_model": MAX_D_MODEL, "d_ff": MAX_D_FF,
@@ -71,6 +78,10 @@ FIELD_HELP: dict[str, str] = {
     "projection) or 'none'",
     "max_source_positions": "longest source (in tokens, with </s>) the model accepts",
     "max_target_positions": "longest target (in tokens, with <s>) the model accepts",
+    "sinusoid": "sinusoid table: 'paper' (sin/cos interleaved, positions from 0) or 'fairseq' (sin|cos "
+    "halves, frequencies over half_dim-1, positions from 2 = fairseq's padding_idx+1)",
+    "attention_bias": "biases on the attention projections (fairseq's models have them); paper: none",
+    "decoder_start": "first decoder input: 'bos' (<s>, nmtkit) or 'eos' (</s>, as fairseq decodes)",
     "label_smoothing": "training default: label smoothing eps_ls",
     "warmup_steps": "training default: learning-rate warmup steps",
 }
@@ -95,6 +106,10 @@ class ArchConfig:
     share_embeddings: str = "all"
     max_source_positions: int = 1024
     max_target_positions: int = 1024
+    # fairseq's model where it differs from the paper's (nmtkit import-fairseq sets them)
+    sinusoid: str = "paper"
+    attention_bias: bool = False
+    decoder_start: str = "bos"
     label_smoothing: float = 0.1
     warmup_steps: int = 4000
 
@@ -158,6 +173,9 @@ class ArchConfig:
             raise UserError(
                 f"--share-embeddings must be one of {', '.join(SHARE_MODES)}, got {self.share_embeddings!r}"
             )
+        for name, choices in FIELD_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise UserError(f"{_flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         return self
 
     def _check_limits(self) -> None:
@@ -255,7 +273,7 @@ def arch_field_specs() -> list[ArchFieldSpec]:
                 flag=_flag(f.name),
                 type=_field_type(f),
                 optional=_field_optional(f),
-                choices=SHARE_MODES if f.name == "share_embeddings" else None,
+                choices=FIELD_CHOICES.get(f.name),
                 help=FIELD_HELP[f.name],
             )
         )
