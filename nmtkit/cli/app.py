@@ -35,6 +35,7 @@ COMMANDS = {
     "generate": "nmtkit.cli.generate",
     "attention": "nmtkit.cli.attention",
     "export": "nmtkit.cli.export",
+    "import-fairseq": "nmtkit.cli.import_fairseq",
     "serve": "nmtkit.cli.serve",
     "plot": "nmtkit.cli.plot",
     "score": "nmtkit.cli.score",
