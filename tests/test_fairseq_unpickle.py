@@ -147,3 +147,19 @@ def test_not_a_checkpoint(tmp_path):
         unpickle.load(junk)
     with pytest.raises(UserError, match="not found"):
         unpickle.load(tmp_path / "missing.pt")
+
+
+def test_legacy_torch_format(tmp_path):
+    """torch.save's format before 1.6 (the published 2018 WMT models): a sequence of pickles."""
+    marker = tmp_path / "ran"
+    state = {"args": argparse.Namespace(arch="transformer_vaswani_wmt_en_de_big", source_lang="en"),
+             "model": {"w": torch.ones(2)}}
+    torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    loaded = unpickle.load(tmp_path / "old.pt")
+    assert unpickle.plain(loaded["args"]) == {"arch": "transformer_vaswani_wmt_en_de_big", "source_lang": "en"}
+    assert torch.equal(loaded["model"]["w"], torch.ones(2))
+    state["model"]["x"] = Call(os.system, f"touch {marker}")
+    torch.save(state, tmp_path / "evil.pt", _use_new_zipfile_serialization=False)
+    with pytest.raises(UserError, match=r"refused: the checkpoint names posix\.system"):
+        unpickle.load(tmp_path / "evil.pt")
+    assert not marker.exists()

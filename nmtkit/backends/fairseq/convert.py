@@ -83,13 +83,14 @@ def arch_config(args: dict[str, Any], where: str) -> ArchConfig:
     if arch not in ARCHS:
         raise UserError(f"{where}: fairseq arch {arch!r} cannot be imported (nmtkit imports "
                         f"{', '.join(ARCHS)})")
-    a = {**ARCHS[arch], **{k: v for k, v in args.items() if v is not None or k in ARCHS[arch]}}
-    for key in ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_output_dim", "decoder_input_dim"):
+    a = {**ARCHS[arch], **{k: v for k, v in args.items() if v is not None}}
+    for key, default in (("decoder_embed_dim", "encoder_embed_dim"), ("decoder_ffn_embed_dim", "encoder_ffn_embed_dim"),
+                         ("decoder_output_dim", "decoder_embed_dim"), ("decoder_input_dim", "decoder_embed_dim")):
         if a.get(key) is None:
-            a[key] = a["encoder_embed_dim" if "ffn" not in key else "encoder_ffn_embed_dim"]
+            a[key] = a[default]
     for key, fine, what in _UNSUPPORTED:
-        value = a.get(key, fine)
-        if value not in (fine, None, 0, False, "", []) or (fine == "relu" and value != "relu"):
+        value = a.get(key)
+        if value not in (fine, None, 0, False, "", []):
             raise UserError(f"{where}: fairseq arch {arch!r} with {what} ({key}={value!r}) cannot be imported: "
                             "nmtkit's Transformer does not compute it")
     _same(a, arch, where, ("encoder_embed_dim", "decoder_embed_dim", "decoder_output_dim", "decoder_input_dim"),
