@@ -163,3 +163,12 @@ def test_legacy_torch_format(tmp_path):
     with pytest.raises(UserError, match=r"refused: the checkpoint names posix\.system"):
         unpickle.load(tmp_path / "evil.pt")
     assert not marker.exists()
+
+
+def test_an_omegaconf_config_pickled_by_omegaconf():
+    """tests/golden/fairseq/omegaconf_cfg.pt: a DictConfig written by omegaconf 2.0.6 itself."""
+    state = unpickle.load(GOLDEN / "omegaconf_cfg.pt")
+    assert unpickle.plain(state["cfg"]) == {
+        "model": {"_name": "transformer", "arch": "transformer", "dropout": 0.3, "share_all_embeddings": True,
+                  "layers": [1, 2]},
+        "task": {"source_lang": "de", "target_lang": None}}

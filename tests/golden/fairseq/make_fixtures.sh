@@ -71,6 +71,16 @@ PYEOF
 "$FS/fairseq-generate" "$B/bin" --path "$B/ckpt/checkpoint_last.pt" --gen-subset test --beam 5 --lenpen 1 \
     --batch-size 16 --cpu > "$B/generate.out"
 
+# ---- an OmegaConf DictConfig as fairseq pickles one (fairseq >= 0.10 may store `cfg` so) ---------------
+"$FS/python" -c "
+import torch
+from omegaconf import OmegaConf
+cfg = OmegaConf.create({'model': {'_name': 'transformer', 'arch': 'transformer', 'dropout': 0.3,
+                                  'share_all_embeddings': True, 'layers': [1, 2]},
+                        'task': {'source_lang': 'de', 'target_lang': None}})
+torch.save({'args': None, 'cfg': cfg, 'model': {'w': torch.ones(2)}}, '$HERE/omegaconf_cfg.pt')
+"
+
 # ---- what is kept -------------------------------------------------------------------------------------------
 for x in a b; do
     mkdir -p "$HERE/$x"
