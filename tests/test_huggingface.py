@@ -482,3 +482,18 @@ def test_export_refusals(task, tmp_path, run_cli, monkeypatch):
     r = run_cli(*base, "--path", str(task["ckpt"]), "--output", str(tmp_path / "c"))
     assert "pip install 'nmtkit[hf]'" in _one_line_error(r)
     assert not any((tmp_path / n).exists() for n in "abc")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("sinusoid", "fairseq", "--sinusoid fairseq: MarianMT's position table has the paper's frequencies"),
+    ("decoder_start", "eos", "--decoder-start eos: the export starts decoding from <s>"),
+])
+def test_fairseq_model_settings_are_refused_by_the_export(field, value, message):
+    """An imported fairseq model (its sinusoid table, its </s> start) has no MarianMT form."""
+    from nmtkit.backends.huggingface.convert import check_representable
+    from nmtkit.errors import UserError
+    from nmtkit.models import ArchConfig
+
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        check_representable(ArchConfig(**{field: value}))
+    check_representable(ArchConfig())  # the paper's model exports

@@ -129,13 +129,13 @@ class ModelSource:
     def subword_model(self, lang: str):
         """Language `lang`'s subword model (an export's was checked by `load_export`)."""
         from nmtkit.data.manifest import subword_model_path
-        from nmtkit.data.subwords import load_model_file, load_subword_model
+        from nmtkit.data.subwords import load_model_file, load_subword_model, pretokenized
 
         if self.info is None:
             return load_subword_model(self.folder, lang)
         sub = self.manifest["subword"]
         kind = sub.get("kinds", {}).get(lang, sub["kind"])
-        return load_model_file(kind, subword_model_path(self.folder, lang, self.manifest))
+        return pretokenized(load_model_file(kind, subword_model_path(self.folder, lang, self.manifest)), sub, lang)
 
 
 def describe(paths: Sequence[str], data_dir, fmt: str) -> ModelSource:

@@ -36,6 +36,7 @@ COMMANDS = {
     "attention": "nmtkit.cli.attention",
     "export": "nmtkit.cli.export",
     "import-hf": "nmtkit.cli.import_hf",
+    "import-fairseq": "nmtkit.cli.import_fairseq",
     "serve": "nmtkit.cli.serve",
     "plot": "nmtkit.cli.plot",
     "score": "nmtkit.cli.score",

@@ -115,6 +115,45 @@ class SubwordNmtModel(SubwordModel):
         return _BPE_JOIN.sub("", " ".join(tokens))
 
 
+class MosesPretokenized(SubwordModel):
+    """Moses tokenization (sacremoses) before a subword model and detokenization after it.
+
+    Why: models trained on `tokenizer.perl` output (the published WMT models of fairseq, with
+    fairseq's `--tokenizer moses`) expect tokenized text; with this, raw text goes in and
+    detokenized text comes out, as with any other data directory. It is a data-directory setting
+    (manifest `subword.pretokenizer`: `{"kind": "moses", "langs": {LANG: MOSES_LANG},
+    "aggressive_dash_splits": bool, "escape": bool}`), the defaults being fairseq's (dash
+    splitting, escaping of `& | < > ' " [ ]`).
+    """
+
+    def __init__(self, inner: SubwordModel, lang: str, *, aggressive_dash_splits: bool = True, escape: bool = True):
+        from sacremoses import MosesDetokenizer, MosesTokenizer
+
+        self.inner, self.kind = inner, inner.kind
+        self.aggressive_dash_splits, self.escape = aggressive_dash_splits, escape
+        self.tokenizer, self.detokenizer = MosesTokenizer(lang=lang), MosesDetokenizer(lang=lang)
+
+    def encode(self, line: str) -> list[str]:
+        tokenized = self.tokenizer.tokenize(line, aggressive_dash_splits=self.aggressive_dash_splits,
+                                            return_str=True, escape=self.escape)
+        return self.inner.encode(tokenized)
+
+    def decode(self, tokens: Iterable[str]) -> str:
+        return self.detokenizer.detokenize(self.inner.decode(tokens).split())
+
+
+def pretokenized(model: SubwordModel, subword_entry: dict, lang: str) -> SubwordModel:
+    """`model` behind the data directory's pre-tokenizer (`subword.pretokenizer`), if it has one."""
+    pre = subword_entry.get("pretokenizer")
+    if not pre:
+        return model
+    if not isinstance(pre, dict) or pre.get("kind") != "moses" or lang not in pre.get("langs", {}):
+        raise UserError(f"unsupported pre-tokenizer in the data directory's manifest: {pre!r} "
+                        "(this nmtkit knows Moses for each language)")
+    return MosesPretokenized(model, pre["langs"][lang], aggressive_dash_splits=bool(pre.get("aggressive_dash_splits", True)),
+                             escape=bool(pre.get("escape", True)))
+
+
 def model_filename(kind: str, lang: str | None) -> str | None:
     """File name of the model inside a data dir; lang None for a joint model."""
     suffix = "" if lang is None else f".{lang}"
@@ -208,4 +247,4 @@ def load_subword_model(data_dir: str | os.PathLike, lang: str) -> SubwordModel:
     path = subword_model_path(data_dir, lang, manifest)
     if path is not None:
         verify_files(data_dir, manifest, [path.name])
-    return load_model_file(kind, path)
+    return pretokenized(load_model_file(kind, path), sub, lang)

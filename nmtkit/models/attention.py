@@ -64,6 +64,7 @@ class MultiheadAttention(nn.Module):
         self.heads, self.d_k, self.d_v = heads, d_k, d_v
         self.dropout = dropout
         self.self_attention = self_attention
+        # bias=True: fairseq's projections (`ArchConfig.attention_bias`); the paper's have none
         if self_attention:
             self.qkv_proj = uninitialized(nn.Linear, d_model, heads * (2 * d_k + d_v), bias=bias)
         else:

@@ -26,6 +26,8 @@ SHARE_MODES = ("all", "decoder", "none")
 # the feed-forward network's activation: the paper's ReLU; swish (SiLU) and GELU for imported models
 # (OPUS-MT's MarianMT models use swish)
 ACTIVATIONS = ("relu", "swish", "gelu")
+SINUSOID_FORMS = ("paper", "fairseq")
+DECODER_STARTS = ("bos", "eos")
 
 # ---- the largest values a config may hold ---------------------------------------------------------
 # Why: a config is also read from files anyone can write (a checkpoint's `arch_config`, an export's
@@ -47,6 +49,12 @@ MAX_POSITIONS = 65536  # per side: 64 times the 1024 of every named architecture
 # while computed in float64), which transformer_big reaches with 16384 positions, 16 times its 1024;
 # learned tables are stored, so checked as tensors
 MAX_SINUSOID_VALUES = 2**24
+
+# string fields and the values each may take
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {
+    "share_embeddings": SHARE_MODES, "activation": ACTIVATIONS, "sinusoid": SINUSOID_FORMS,
+    "decoder_start": DECODER_STARTS,
+}
 
 LIMITS: dict[str, int] = {
     "encoder_layers": MAX_LAYERS, "decoder_layers": MAX_LAYERS, "d_model": MAX_D_MODEL, "d_ff": MAX_D_FF,
@@ -75,7 +83,10 @@ FIELD_HELP: dict[str, str] = {
     "max_source_positions": "longest source (in tokens, with </s>) the model accepts",
     "max_target_positions": "longest target (in tokens, with <s>) the model accepts",
     "activation": "feed-forward activation: relu (the paper), swish (SiLU) or gelu",
-    "attention_bias": "biases on the attention projections (imported models; the paper has none)",
+    "attention_bias": "biases on the attention projections (imported models: MarianMT, fairseq); paper: none",
+    "sinusoid": "sinusoid table: 'paper' (sin/cos interleaved, positions from 0) or 'fairseq' (sin|cos "
+    "halves, frequencies over half_dim-1, positions from 2 = fairseq's padding_idx+1)",
+    "decoder_start": "first decoder input: 'bos' (<s>, nmtkit) or 'eos' (</s>, as fairseq decodes)",
     "label_smoothing": "training default: label smoothing eps_ls",
     "warmup_steps": "training default: learning-rate warmup steps",
 }
@@ -100,8 +111,11 @@ class ArchConfig:
     share_embeddings: str = "all"
     max_source_positions: int = 1024
     max_target_positions: int = 1024
+    # imported models where they differ from the paper's (import-hf, import-fairseq set them)
     activation: str = "relu"
     attention_bias: bool = False
+    sinusoid: str = "paper"
+    decoder_start: str = "bos"
     label_smoothing: float = 0.1
     warmup_steps: int = 4000
 
@@ -165,8 +179,9 @@ class ArchConfig:
             raise UserError(
                 f"--share-embeddings must be one of {', '.join(SHARE_MODES)}, got {self.share_embeddings!r}"
             )
-        if self.activation not in ACTIVATIONS:
-            raise UserError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        for name, choices in FIELD_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise UserError(f"{_flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         return self
 
     def _check_limits(self) -> None:
@@ -264,7 +279,7 @@ def arch_field_specs() -> list[ArchFieldSpec]:
                 flag=_flag(f.name),
                 type=_field_type(f),
                 optional=_field_optional(f),
-                choices={"share_embeddings": SHARE_MODES, "activation": ACTIVATIONS}.get(f.name),
+                choices=FIELD_CHOICES.get(f.name),
                 help=FIELD_HELP[f.name],
             )
         )

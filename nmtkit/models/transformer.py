@@ -34,6 +34,9 @@ from nmtkit.models.registry import ArchConfig
 # self-attention, encoder-decoder ("cross") attention.
 ATTENTION_KINDS = ("enc-self", "dec-self", "cross")
 
+# the ids of <s> and </s> in every nmtkit dictionary (docs/internals.md, "Special symbols")
+BOS_ID, EOS_ID = 1, 2
+
 
 def sinusoid_table(max_positions: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...); pos from 0.
@@ -50,8 +53,32 @@ def sinusoid_table(max_positions: int, d_model: int) -> Tensor:
     return table.float()
 
 
+# fairseq's first position: its padding_idx (1) + 1 (fairseq.utils.make_positions)
+FAIRSEQ_FIRST_POSITION = 2
+
+
+def fairseq_sinusoid_table(max_positions: int, d_model: int) -> Tensor:
+    """fairseq's SinusoidalPositionalEmbedding, row p for nmtkit's position p (fairseq's p + 2).
+
+    fairseq: half = d_model // 2, frequencies exp(-i log(10000) / (half - 1)) for i < half, the
+    row [sin(pos f) | cos(pos f)] (halves, not interleaved), a zero column when d_model is odd,
+    positions counted from padding_idx + 1 = 2. Computed in float32 as fairseq does, so that the
+    imported model adds the very values it was trained with. -> (max_positions, d_model).
+    """
+    half = d_model // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000) / (half - 1)))  # (half,)
+    pos = torch.arange(FAIRSEQ_FIRST_POSITION, FAIRSEQ_FIRST_POSITION + max_positions, dtype=torch.float)
+    angle = pos.unsqueeze(1) * freq.unsqueeze(0)  # (P, half)
+    table = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)  # (P, 2 * half)
+    if d_model % 2:
+        table = torch.cat([table, torch.zeros(max_positions, 1)], dim=1)
+    return table
+
+
 @functools.lru_cache(maxsize=8)
-def _cached_sinusoid_table(max_positions: int, d_model: int) -> Tensor:
+def _cached_sinusoid_table(max_positions: int, d_model: int, form: str = "paper") -> Tensor:
+    if form == "fairseq":
+        return fairseq_sinusoid_table(max_positions, d_model)
     return sinusoid_table(max_positions, d_model)
 
 
@@ -79,9 +106,10 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
 class PositionalEncoding(nn.Module):
     """Position vectors for positions [offset, offset + length): sinusoidal or learned."""
 
-    def __init__(self, max_positions: int, d_model: int, learned: bool, which: str):
+    def __init__(self, max_positions: int, d_model: int, learned: bool, which: str, form: str = "paper"):
         super().__init__()
         self.max_positions, self.d_model, self.learned, self.which = max_positions, d_model, learned, which
+        self.form = form  # the sinusoid table's ("paper" or "fairseq", ArchConfig.sinusoid)
         if learned:
             self.weight = nn.Parameter(torch.empty(max_positions, d_model))
         else:
@@ -95,7 +123,7 @@ class PositionalEncoding(nn.Module):
             if self.learned:
                 _normal_(self.weight, std=self.d_model**-0.5)
             elif self.table.device.type != "meta":
-                self.table.copy_(_cached_sinusoid_table(self.max_positions, self.d_model))
+                self.table.copy_(_cached_sinusoid_table(self.max_positions, self.d_model, self.form))
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """-> (length, d_model)."""
@@ -156,8 +184,7 @@ class EncoderLayer(_Sublayers):
         super().__init__()
         self.normalize_before, self.dropout = cfg.normalize_before, cfg.dropout
         self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.head_dim_k, cfg.head_dim_v,
-                                            cfg.attention_dropout, self_attention=True,
-                                            bias=cfg.attention_bias)
+                                            cfg.attention_dropout, self_attention=True, bias=cfg.attention_bias)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
@@ -334,8 +361,8 @@ class Transformer(nn.Module):
         else:
             _normal_(self.out_proj.weight, std=d**-0.5)
 
-        self.src_pos = PositionalEncoding(cfg.max_source_positions, d, cfg.learned_pos, "source")
-        self.tgt_pos = PositionalEncoding(cfg.max_target_positions, d, cfg.learned_pos, "target")
+        self.src_pos = PositionalEncoding(cfg.max_source_positions, d, cfg.learned_pos, "source", cfg.sinusoid)
+        self.tgt_pos = PositionalEncoding(cfg.max_target_positions, d, cfg.learned_pos, "target", cfg.sinusoid)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalized: one final LayerNorm per stack.
@@ -401,6 +428,14 @@ class Transformer(nn.Module):
         return EncoderOut(x, padding_mask)
 
     # ---- decoder -------------------------------------------------------------------------------
+    def _start(self, prev_output_tokens: Tensor) -> Tensor:
+        """The decoder's input ids with <s> read as </s> when `decoder_start` is "eos": fairseq
+        starts decoding (and trains) with </s>, and its <s> row is an output like any other, so
+        the row cannot simply be copied (docs/fairseq.md). (B, T) -> (B, T)."""
+        if self.cfg.decoder_start == "eos":
+            return prev_output_tokens.masked_fill(prev_output_tokens.eq(BOS_ID), EOS_ID)
+        return prev_output_tokens
+
     def output_logits(self, h: Tensor) -> Tensor:
         """Pre-softmax projection: h (B, T, D) -> logits (B, T, V_tgt)."""
         return self.out_proj(h)
@@ -408,7 +443,7 @@ class Transformer(nn.Module):
     def decode(self, prev_output_tokens: Tensor, enc: EncoderOut, logits: bool = True) -> Tensor:
         """Teacher-forced decoder: prev_output_tokens (B, T) -> logits (B, T, V_tgt), or with
         logits=False the final hidden states (B, T, D) (no output projection)."""
-        x = self.tgt_embed(prev_output_tokens) * self.embed_scale
+        x = self.tgt_embed(self._start(prev_output_tokens)) * self.embed_scale
         x = x + self.tgt_pos(prev_output_tokens.size(1))
         x = F.dropout(x, self.cfg.dropout, self.training)  # (B, T, D)
         mask = enc.attn_mask
@@ -475,6 +510,8 @@ class Transformer(nn.Module):
         have been reordered with the same new_order.
         """
         pos = cache.length
+        if pos == 0:
+            prev_tokens_last = self._start(prev_tokens_last)
         x = self.tgt_embed(prev_tokens_last) * self.embed_scale + self.tgt_pos(1, offset=pos)
         if self.training:
             x = F.dropout(x, self.cfg.dropout, self.training)  # (B, 1, D)

@@ -55,6 +55,10 @@ def check_representable(cfg) -> None:
         why = "--normalize-before: MarianMT is post-norm only"
     elif cfg.learned_pos:
         why = "--learned-pos: MarianMT has sinusoidal positions only"
+    elif cfg.sinusoid != "paper":
+        why = f"--sinusoid {cfg.sinusoid}: MarianMT's position table has the paper's frequencies, from position 0"
+    elif cfg.decoder_start != "bos":
+        why = f"--decoder-start {cfg.decoder_start}: the export starts decoding from <s>"
     elif cfg.head_dim_k * cfg.heads != cfg.d_model or cfg.head_dim_v * cfg.heads != cfg.d_model:
         why = f"--d-k/--d-v {cfg.head_dim_k}/{cfg.head_dim_v}: MarianMT's heads are d_model / heads wide"
     if why is not None:

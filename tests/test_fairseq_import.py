@@ -1,0 +1,166 @@
+"""`nmtkit import-fairseq` on checkpoints written by fairseq 0.12.2 (tests/golden/fairseq, made
+by make_fixtures.sh there): the imported model's hypotheses and scores equal fairseq-generate's,
+and what nmtkit cannot import is refused in one line."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmtkit import Translator
+from nmtkit.backends.fairseq import convert, unpickle
+from nmtkit.backends.fairseq.importer import ImportOptions, import_fairseq
+from nmtkit.errors import UserError
+
+GOLDEN = Path(__file__).parent / "golden" / "fairseq"
+# fairseq-generate's settings for the fixtures (--beam 5 --lenpen 1, max length 200) and its stopping rule
+FAIRSEQ_SEARCH = dict(beam=5, lenpen=1.0, lenpen_form="fairseq", early_stop="beam", max_len_a=0.0, max_len_b=200)
+
+
+def fairseq_hypotheses(path: Path) -> dict[int, tuple[float, str]]:
+    """fairseq-generate's H- lines: sentence id -> (score in base 2, tokens)."""
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("H-"):
+            sid, score, tokens = line.split("\t")
+            out[int(sid[2:])] = (float(score), tokens)
+    return out
+
+
+def run_import(tmp_path: Path, fixture: str, **flags) -> tuple[Path, Path]:
+    out, data = tmp_path / f"{fixture}.pt", tmp_path / f"{fixture}-data"
+    import_fairseq(ImportOptions(checkpoint=str(GOLDEN / fixture / "checkpoint.pt"), output=str(out),
+                                 data_dir=str(data), source_lang="src", target_lang="tgt", **flags))
+    return out, data
+
+
+def check_against_fairseq(tmp_path: Path, fixture: str, **flags) -> tuple[Translator, list[str], dict]:
+    out, data = run_import(tmp_path, fixture, **flags)
+    tr = Translator.load(out, data, device="cpu", **FAIRSEQ_SEARCH)
+    sources = (GOLDEN / fixture / "test.src").read_text(encoding="utf-8").splitlines()
+    best = [nbest[0] for nbest in tr.translate_nbest(sources)]
+    want = fairseq_hypotheses(GOLDEN / fixture / "generate.out")
+    assert len(want) == len(sources) == 40
+    assert [" ".join(t.pieces) for t in best] == [want[i][1] for i in range(len(sources))]
+    for i, t in enumerate(best):  # fairseq prints log2-probabilities / |Y|^lenpen
+        assert t.score / math.log(2) == pytest.approx(want[i][0], abs=1e-4)
+    return tr, [t.text for t in best], want
+
+
+def test_post_norm_shared_embeddings_sentencepiece(tmp_path):
+    """`transformer`, --share-all-embeddings, a joined dictionary, sentencepiece: raw text in."""
+    tr, texts, want = check_against_fairseq(tmp_path, "a", bpe="sentencepiece",
+                                            sentencepiece_model=str(GOLDEN / "a" / "spm.model"))
+    assert tr.model_source.manifest["dictionaries"]["joined"] is True
+    assert texts[0] == want[0][1].replace(" ", "").replace("\u2581", " ").strip()
+
+
+def test_pre_norm_separate_dictionaries_moses_subword_nmt(tmp_path):
+    """`transformer_wmt_en_de_big_t2t` (pre-norm, final layer norms) with learned positions and
+    separate dictionaries, behind Moses and subword-nmt as the published WMT models: raw text in,
+    detokenized text out."""
+    from sacremoses import MosesDetokenizer
+
+    tr, texts, want = check_against_fairseq(tmp_path, "b", bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"),
+                                            tokenizer="moses", moses_source_lang="en", moses_target_lang="en")
+    cfg = torch.load(tmp_path / "b.pt", weights_only=True)["arch_config"]
+    assert cfg["normalize_before"] and cfg["learned_pos"] and cfg["share_embeddings"] == "none"
+    assert tr.model_source.manifest["dictionaries"]["joined"] is False
+    detok = MosesDetokenizer(lang="en")
+    assert texts == [detok.detokenize((want[i][1] + " ").replace("@@ ", "").split()) for i in range(40)]
+    assert "," in texts[0] and " ," not in texts[0]  # detokenized
+
+
+def test_legacy_fused_projections_give_the_same_weights():
+    """Checkpoints before 2019 fuse Q, K, V (`in_proj_weight`) and call the encoder's norms
+    `layer_norms.0/1`: they map to the same nmtkit tensors."""
+    state = unpickle.load(GOLDEN / "a" / "checkpoint.pt")
+    sd = dict(state["model"])
+    cfg = convert.arch_config(convert.model_args({"cfg": unpickle.plain(state["cfg"])}), "a")
+    new = convert.weights(sd, cfg, "a")
+    legacy = {}
+    for name, t in sd.items():
+        if ".self_attn." in name or ".encoder_attn." in name:
+            prefix, _, rest = name.rpartition("_proj.")
+            kind = rest
+            module, x = prefix.rsplit(".", 1)
+            if x in "qkv":
+                legacy.setdefault(f"{module}.in_proj_{kind}", {})[x] = t
+                continue
+        name = name.replace("encoder.layers.0.self_attn_layer_norm", "encoder.layers.0.layer_norms.0")
+        name = name.replace("encoder.layers.0.final_layer_norm", "encoder.layers.0.layer_norms.1")
+        legacy[name] = t
+    legacy = {k: torch.cat([v["q"], v["k"], v["v"]]) if isinstance(v, dict) else v for k, v in legacy.items()}
+    assert "encoder.layers.0.self_attn.in_proj_weight" in legacy
+    old = convert.weights(legacy, cfg, "a")
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"arch": "lstm"}, r"fairseq arch 'lstm' cannot be imported \(nmtkit imports transformer, "),
+    ({"arch": "transformer_lm"}, r"fairseq arch 'transformer_lm' cannot be imported"),
+    ({"encoder_layerdrop": 0.2}, r"arch 'transformer' with layer drop \(encoder_layerdrop=0.2\)"),
+    ({"adaptive_input": True}, r"with adaptive input"),
+    ({"activation_fn": "gelu"}, r"with its activation \(activation_fn='gelu'\)"),
+    ({"decoder_embed_dim": 64}, r"encoder_embed_dim=32, decoder_embed_dim=64"),
+    ({"decoder_normalize_before": True}, r"decoder_normalize_before=True"),
+])
+def test_unsupported_models_are_refused_naming_the_arch(change, message):
+    state = unpickle.load(GOLDEN / "a" / "checkpoint.pt")
+    args = convert.model_args({"cfg": unpickle.plain(state["cfg"])})
+    with pytest.raises(UserError, match=message):
+        convert.arch_config({**args, **change}, "ckpt.pt")
+
+
+def test_refusals_write_nothing(tmp_path):
+    a = GOLDEN / "a"
+    common = dict(checkpoint=str(a / "checkpoint.pt"), output=str(tmp_path / "x.pt"), data_dir=str(tmp_path / "d"))
+    with pytest.raises(UserError, match="does not record its languages; give --source-lang"):
+        import_fairseq(ImportOptions(**common))
+    with pytest.raises(UserError, match=r"source dictionary .*dict\.de\.txt: dictionary not found"):
+        import_fairseq(ImportOptions(**common, source_lang="de", target_lang="en"))
+    with pytest.raises(UserError, match=r"the target dictionary has 64 symbols .* but decoder.embed_tokens.weight has 104"):
+        import_fairseq(ImportOptions(**common, source_lang="src", target_lang="tgt",
+                                     tgtdict=str(GOLDEN / "b" / "dict.tgt.txt")))
+    with pytest.raises(UserError, match="--bpe sentencepiece needs --sentencepiece-model"):
+        import_fairseq(ImportOptions(**common, source_lang="src", target_lang="tgt", bpe="sentencepiece"))
+    assert not (tmp_path / "x.pt").exists() and not (tmp_path / "d").exists()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "mine.txt").write_text("keep")
+    with pytest.raises(UserError, match="is not empty; pass --force"):
+        import_fairseq(ImportOptions(**common, source_lang="src", target_lang="tgt"))
+    with pytest.raises(UserError):  # --force replaces an nmtkit data directory only
+        import_fairseq(ImportOptions(**common, source_lang="src", target_lang="tgt", force=True))
+    assert (tmp_path / "d" / "mine.txt").read_text() == "keep" and not (tmp_path / "x.pt").exists()
+
+
+def test_cli_refuses_a_payload_in_one_line(tmp_path, run_cli):
+    from tests.test_fairseq_unpickle import dumps, payloads, torch_file
+
+    marker = tmp_path / "ran"
+    path = torch_file(tmp_path / "evil.pt", dumps(payloads(marker)["os.system in the config"]))
+    r = run_cli("import-fairseq", path, "--output", tmp_path / "out.pt", "--data-dir", tmp_path / "data")
+    assert r.code == 2, r
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nmtkit: error:") and "posix.system" in lines[0], r
+    assert not marker.exists() and not (tmp_path / "out.pt").exists() and not (tmp_path / "data").exists()
+
+
+def test_cli_imports_and_keeps_the_output_policy(tmp_path, run_cli):
+    a = GOLDEN / "a"
+    flags = ["-s", "src", "-t", "tgt", "--data-dir", tmp_path / "d", "--bpe", "sentencepiece",
+             "--sentencepiece-model", a / "spm.model"]
+    r = run_cli("import-fairseq", a / "checkpoint.pt", "--output", a / "checkpoint.pt", *flags)
+    assert r.code == 2 and "is the same file as CHECKPOINT" in r.err, r
+    r = run_cli("import-fairseq", a / "checkpoint.pt", "-o", tmp_path / "m.pt", *flags)
+    assert r.code == 0, r
+    assert "fairseq transformer (src->tgt, 46,080 parameters, dictionaries 104 / 104)" in r.out
+    r = run_cli("generate", tmp_path / "d", "--path", tmp_path / "m.pt", "--input", a / "test.src",
+                "--decoding", "fairseq", "--beam", "5", "--lenpen", "1", "--max-len-a", "0", "--max-len-b", "200",
+                "--format", "fairseq", "-q")
+    want = fairseq_hypotheses(a / "generate.out")
+    got = {int(line.split("\t")[0][2:]): line.split("\t")[2] for line in r.out.splitlines() if line.startswith("H-")}
+    assert r.code == 0 and got == {i: t for i, (_, t) in want.items()}, r
