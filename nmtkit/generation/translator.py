@@ -506,7 +506,7 @@ class Translator:
         for it, tgt in zip(items, targets):
             if not isinstance(tgt, str):
                 raise UserError(f"target {it.index + 1} is a {type(tgt).__name__}, not a str")
-            if len(it.ids) == 0 and (it.terms.include or it.terms.prefix):
+            if len(it.ids) == 0:
                 raise UserError(f"source {it.index + 1}: empty source sentence (every pair needs a source and a target)")
             it.target_ids = self.target_ids(tgt, f"target {it.index + 1}")
         scores, _ = self.score_items(items)
