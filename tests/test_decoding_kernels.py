@@ -22,8 +22,8 @@ def backend_flags() -> dict[str, bool]:
             "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(), "math": torch.backends.cuda.math_sdp_enabled()}
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_search_runs_attention_without_cudnn_and_restores_the_settings(monkeypatch, beam):
+def spy_on_attention(monkeypatch) -> list[dict[str, bool]]:
+    """The backend flags at every SDPA call from now on (the list fills as calls come)."""
     seen: list[dict[str, bool]] = []
     real = attention_module.F.scaled_dot_product_attention
 
@@ -32,6 +32,12 @@ def test_search_runs_attention_without_cudnn_and_restores_the_settings(monkeypat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    return seen
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_search_runs_attention_without_cudnn_and_restores_the_settings(monkeypatch, beam):
+    seen = spy_on_attention(monkeypatch)
     before = backend_flags()
     assert before["cudnn"], "torch enables cuDNN's attention by default; this test starts from that"
     model = tiny_transformer(12, seed=0)
@@ -45,14 +51,7 @@ def test_search_runs_attention_without_cudnn_and_restores_the_settings(monkeypat
 
 def test_training_attention_keeps_every_backend(monkeypatch):
     """Only decoding narrows the choice: a training forward pass sees the process's settings."""
-    seen: list[dict[str, bool]] = []
-    real = attention_module.F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        seen.append(backend_flags())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    seen = spy_on_attention(monkeypatch)
     model = tiny_transformer(12, seed=0).train()
     model(torch.tensor([[4, 5, 2]]), torch.tensor([[2, 6, 7]]))
     assert seen and all(f["cudnn"] for f in seen)

@@ -269,6 +269,18 @@ class ArchFieldSpec:
     help: str
 
 
+def first_unhandled(cfg: ArchConfig, handled: frozenset[str]) -> tuple[str, object] | None:
+    """(flag, value) of the first setting outside `handled` that differs from its default, else
+    None. For converters to other formats: a field added to the model later is refused until the
+    converter learns it, so that an export never silently drops a setting that changes outputs."""
+    default = type(cfg)()  # (a later version of the config in tests)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name not in handled and value != getattr(default, f.name):
+            return _flag(f.name), value
+    return None
+
+
 def arch_field_specs() -> list[ArchFieldSpec]:
     """Every ArchConfig field as a flag spec, in declaration order (nothing repeated elsewhere)."""
     specs = []

@@ -72,15 +72,13 @@ def check_representable(cfg) -> None:
     Every field of today's `ArchConfig` maps onto the spec (d_k != d_v included, see `_heads`);
     this guards fields added later.
     """
-    import dataclasses
+    from nmtkit.models.registry import first_unhandled
 
-    default = type(cfg)()
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name not in HANDLED_FIELDS and value != getattr(default, f.name):
-            flag = "--" + f.name.replace("_", "-")
-            raise UserError(f"{flag} {value}: the CTranslate2 export does not represent this setting "
-                            "(only its default); translate with the checkpoint and its data directory")
+    unhandled = first_unhandled(cfg, HANDLED_FIELDS)
+    if unhandled is not None:
+        flag, value = unhandled
+        raise UserError(f"{flag} {value}: the CTranslate2 export does not represent this setting "
+                        "(only its default); translate with the checkpoint and its data directory")
 
 
 def _np(t) -> np.ndarray:

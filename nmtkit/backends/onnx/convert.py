@@ -83,13 +83,13 @@ def import_runtime():
 def check_representable(cfg) -> None:
     """Refuse, in one line naming the setting, an architecture the graphs cannot express (an
     `ArchConfig` field added later, unless it has its default value)."""
-    default = type(cfg)()
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name not in HANDLED_FIELDS and value != getattr(default, f.name):
-            flag = "--" + f.name.replace("_", "-")
-            raise UserError(f"{flag} {value}: the ONNX export does not represent this setting "
-                            "(only its default); translate with the checkpoint and its data directory")
+    from nmtkit.models.registry import first_unhandled
+
+    unhandled = first_unhandled(cfg, HANDLED_FIELDS)
+    if unhandled is not None:
+        flag, value = unhandled
+        raise UserError(f"{flag} {value}: the ONNX export does not represent this setting "
+                        "(only its default); translate with the checkpoint and its data directory")
 
 
 # ---- the weights, as numpy ------------------------------------------------------------------------
