@@ -56,6 +56,25 @@ def train(data: Path, save_dir: Path, updates: int, **kw):
     return save_dir / "checkpoint_last.pt"
 
 
+def word_task_data(root: Path, train_pairs: int, words=None, english=None) -> Path:
+    """Preprocessed data of the word-for-word task (sentencepiece, joined dictionary): `train_pairs`
+    and 10 validation pairs of 1-10 random words each, seed 0, in root/data."""
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+    words, english = words or WORDS, english or ENGLISH
+    rng = random.Random(0)
+    for split, n in (("train", train_pairs), ("valid", 10)):
+        src = [[rng.choice(words) for _ in range(rng.randint(1, 10))] for _ in range(n)]
+        (root / f"{split}.de").write_text("\n".join(" ".join(s) for s in src) + "\n", encoding="utf-8")
+        (root / f"{split}.en").write_text("\n".join(" ".join(english[w] for w in s) for s in src) + "\n",
+                                          encoding="utf-8")
+    data = root / "data"
+    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
+                                validpref=[str(root / "valid")], destdir=str(data), vocab_size=60,
+                                joined_dictionary=True))
+    return data
+
+
 @pytest.fixture(scope="module")
 def wm(tmp_path_factory):
     """A data dir of the word-for-word task (sentencepiece, joined dictionary) and trained models:
@@ -64,20 +83,10 @@ def wm(tmp_path_factory):
     pre:  pre-norm, separate embeddings, learned positions, EMA weights.
     """
     from nmtkit.checkpoints import average_checkpoints, last_checkpoints, save_checkpoint
-    from nmtkit.data.preprocess import PreprocessConfig, preprocess
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("export")
-    rng = random.Random(0)
-    for split, n in (("train", 500), ("valid", 10)):
-        src = [[rng.choice(WORDS) for _ in range(rng.randint(1, 10))] for _ in range(n)]
-        (root / f"{split}.de").write_text("\n".join(" ".join(s) for s in src) + "\n", encoding="utf-8")
-        (root / f"{split}.en").write_text("\n".join(" ".join(ENGLISH[w] for w in s) for s in src) + "\n",
-                                          encoding="utf-8")
-    data = root / "data"
-    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
-                                validpref=[str(root / "valid")], destdir=str(data), vocab_size=60,
-                                joined_dictionary=True))
+    data = word_task_data(root, 500)
     post = train(data, root / "post", 150, save_interval_updates=50, keep_last_updates=3)
     avg = root / "avg3.pt"
     last3 = last_checkpoints(root / "post", 3, "update")

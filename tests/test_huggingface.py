@@ -25,21 +25,12 @@ ENGLISH = dict(zip(WORDS, "the dog cat house tree runs jumps sleeps big small re
 
 def make_task(root: Path, updates: int = 120, **arch) -> dict:
     """A data directory of the word-for-word task and a model trained on it for `updates`."""
-    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+    from tests.test_export import word_task_data
     from nmtkit.training import trainer as T
     from nmtkit.training.config import TrainConfig
 
-    rng = random.Random(0)
     root.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 400), ("valid", 10)):
-        src = [[rng.choice(WORDS) for _ in range(rng.randint(1, 10))] for _ in range(n)]
-        (root / f"{split}.de").write_text("\n".join(" ".join(s) for s in src) + "\n", encoding="utf-8")
-        (root / f"{split}.en").write_text("\n".join(" ".join(ENGLISH[w] for w in s) for s in src) + "\n",
-                                          encoding="utf-8")
-    data = root / "data"
-    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(root / "train"),
-                                validpref=[str(root / "valid")], destdir=str(data), vocab_size=60,
-                                joined_dictionary=True))
+    data = word_task_data(root, 400, WORDS, ENGLISH)
     cfg = TrainConfig(data_dir=str(data), save_dir=str(root / "ckpt"), arch="transformer_tiny", max_tokens=300,
                       lr_scheduler="inverse_sqrt", lr=5e-3, warmup_updates=5, log_interval=1000,
                       progress_bar=False, threads=1, no_epoch_checkpoints=True, no_validate=True,
