@@ -423,6 +423,7 @@ def test_generate_hashes_each_file_once(setup, run_cli, monkeypatch):
     real = M.sha256_file
     monkeypatch.setattr(M, "sha256_file", lambda p: hashed.update([p.name]) or real(p))
     monkeypatch.setattr(M, "_VERIFIED", set())  # a fresh run
+    (data / M.VERIFIED_NAME).unlink(missing_ok=True)  # that has no record of earlier checks
     assert run_cli("generate", data, "--path", ckpt, *COMMON).code == 0
     assert set(hashed) >= {"test.de.000.bin", "test.de.000.idx", "test.en.000.bin", "spm.model"}, hashed
     assert max(hashed.values()) == 1, hashed

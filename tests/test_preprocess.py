@@ -73,7 +73,10 @@ def decoded(data_dir: Path, split: str, lang: str) -> list[str]:
 
 
 def shard_files(data_dir: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(data_dir.iterdir()) if p.name != "manifest.json"}
+    """The data files (not the manifest, nor the record of which files were checked, which holds
+    this machine's file times)."""
+    return {p.name: p.read_bytes() for p in sorted(data_dir.iterdir())
+            if p.name not in ("manifest.json", ".nmtkit-verified.json")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +477,8 @@ def test_kill_at_every_step_of_a_force_install_leaves_a_complete_dataset(tmp_pat
         if (out / "d").exists():  # the swap and every later step: DESTDIR is complete
             m = load_manifest(out / "d")
             verify_files(out / "d", m)
-            assert sorted(p.name for p in (out / "d").iterdir()) == sorted([*m["files"], "manifest.json"])
+            assert sorted(p.name for p in (out / "d").iterdir()) == sorted([*m["files"], "manifest.json",
+                                                                            ".nmtkit-verified.json"])
         else:  # only between the two renames of the fallback; the hint names where the data is
             assert fallback and k == 1, k
             with pytest.raises(UserError, match="interrupted 'nmtkit preprocess --force' left the previous dataset"):
@@ -488,8 +492,9 @@ def test_kill_at_every_step_of_a_force_install_leaves_a_complete_dataset(tmp_pat
         assert [p.name for p in out.iterdir()] == ["d"], (k, list(out.iterdir()), logs)
     else:
         pytest.fail("the install never finished")
-    # the swap (or 2 renames), 8 deletions (7 files and the manifest), the folder's: each killed once
-    assert crashes == (11 if fallback else 10), crashes
+    # the swap (or 2 renames), 9 deletions (7 files, the manifest and the record of checked files),
+    # the folder's: each killed once
+    assert crashes == (12 if fallback else 11), crashes
 
 
 def test_next_run_removes_leftovers_of_dead_runs_only(tmp_path, corpus):
@@ -712,3 +717,50 @@ def test_force_through_a_symlinked_destdir_replaces_the_data_behind_it(tmp_path,
     assert link.is_symlink() and load_manifest(real)["subword"]["kind"] == "none"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data-bin", "disk", "raw"]
     assert [p.name for p in real.parent.iterdir()] == ["data"]
+
+
+def test_the_record_of_checked_files_spares_hashing_and_misses_no_rewrite(tmp_path, corpus, monkeypatch):
+    """Checked files are not hashed again while their size, mtime and inode are what the data
+    directory's record holds; a file rewritten in place, or replaced by a copy with its old
+    mtime, is hashed again and its corruption named. Entries within RACY_NS of the record's own
+    time are never trusted (a change in the same clock tick keeps the mtime)."""
+    import os
+    import shutil
+
+    from nmtkit.data import manifest as M
+
+    raw, _ = corpus
+    d = tmp_path / "d"
+    preprocess(cfg_for(raw, d))
+    m = load_manifest(d)
+    assert (d / M.VERIFIED_NAME).is_file()
+    hashed: list[str] = []
+    real = M.sha256_file
+    monkeypatch.setattr(M, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+
+    def check(names=None):
+        monkeypatch.setattr(M, "_VERIFIED", set())  # a new process
+        hashed.clear()
+        M.verify_files(d, m, names)
+        return sorted(hashed)
+
+    assert check() == sorted(m["files"])  # just written: every entry is racy, so all are hashed
+    old = 1_000_000_000  # files from long ago, recorded now
+    for name in m["files"]:
+        os.utime(d / name, ns=(old, old))
+    (d / M.VERIFIED_NAME).unlink()
+    assert check() == sorted(m["files"])  # no record: hashed, then recorded
+    assert check() == []  # recorded and unchanged: none hashed
+    shard = d / "train.en.000.bin"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 1
+    shard.write_bytes(bytes(data))  # in place: a new mtime
+    with pytest.raises(UserError, match=r"train\.en\.000\.bin: checksum mismatch"):
+        check(["train.en.000.bin"])
+    copy = tmp_path / "copy.bin"
+    shutil.copyfile(shard, copy)
+    os.utime(copy, ns=(old, old))
+    os.replace(copy, shard)  # the old mtime, another inode
+    with pytest.raises(UserError, match=r"train\.en\.000\.bin: checksum mismatch"):
+        check(["train.en.000.bin"])
+    assert check(["train.de.000.bin"]) == []  # the other files are still trusted

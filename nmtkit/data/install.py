@@ -42,6 +42,8 @@ except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
 
 MANIFEST_NAME = "manifest.json"  # written last: a directory holding it (complete) is a dataset
+# which files were checked against the manifest's sha256, as they were then (nmtkit.data.manifest)
+VERIFIED_NAME = ".nmtkit-verified.json"
 FORMAT_NAME = "nmtkit-data"  # the manifest's "format": what nmtkit wrote, whatever its version
 
 _LOCKS: dict[str, int] = {}  # path -> fd holding the flock, while this process owns the directory
@@ -58,7 +60,7 @@ def dataset_files(dest: Path) -> set[str] | None:
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME or not isinstance(m.get("files"), dict):
         return None
     names = {n for n in m["files"] if isinstance(n, str) and n and "/" not in n and "\\" not in n and n not in (".", "..")}
-    return names | {MANIFEST_NAME}
+    return names | {MANIFEST_NAME, VERIFIED_NAME}
 
 
 def foreign_entries(dest: Path, owned: set[str] | None) -> list[str]:

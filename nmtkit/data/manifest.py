@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from nmtkit.data.install import FORMAT_NAME, MANIFEST_NAME, interrupted_install_hint
+from nmtkit.data.install import FORMAT_NAME, MANIFEST_NAME, VERIFIED_NAME, interrupted_install_hint
 from nmtkit.errors import UserError
 from nmtkit.io import read_json
 
@@ -120,25 +120,93 @@ def sha256_file(path: str | os.PathLike) -> str:
 # a file rewritten since (new mtime or inode) is hashed again.
 _VERIFIED: set[tuple] = set()
 
+# A file changed within this long before the record was written may have been changed again in the
+# same clock tick without a new mtime ("racy" entries, as git calls them): it is hashed anyway.
+RACY_NS = 2_000_000_000
+
+
+def _stat(p: Path) -> list[int]:
+    st = p.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _read_record(data_dir: Path) -> tuple[dict, int]:
+    """The data directory's record as written (name -> [size, mtime_ns, inode, sha256]) and the
+    time it was written; ({}, 0) when there is none or it cannot be read."""
+    p = data_dir / VERIFIED_NAME
+    try:
+        written = p.stat().st_mtime_ns
+        rec = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}, 0
+    return (rec, written) if isinstance(rec, dict) else ({}, 0)
+
+
+def _verified_record(data_dir: Path) -> dict:
+    """The record's entries that can be trusted: those older than the record by RACY_NS."""
+    rec, written = _read_record(data_dir)
+    return {k: v for k, v in rec.items()
+            if isinstance(v, list) and len(v) == 4 and isinstance(v[1], int) and v[1] + RACY_NS <= written}
+
+
+def remember_verified(data_dir: str | os.PathLike, files: dict[str, str]) -> None:
+    """Record that `files` (name -> sha256), as they are now (size, mtime, inode), have these
+    sha256s, in the data directory's VERIFIED_NAME. Best effort: a read-only data directory keeps
+    no record (its files are then hashed by each run, as before)."""
+    from nmtkit.io import atomic_write
+
+    d = Path(data_dir)
+    if not (d / MANIFEST_NAME).is_file():
+        return  # an export directory checks its copies against its own description: no record there
+    before, _ = _read_record(d)
+    rec = dict(before)
+    for name, sha in files.items():
+        try:
+            rec[name] = [*_stat(d / name), sha]
+        except OSError:
+            rec.pop(name, None)
+    if rec == before:
+        return  # nothing new: the record (and its time) stays as it is
+    try:
+        with atomic_write(d / VERIFIED_NAME, "w") as fh:
+            json.dump(rec, fh, sort_keys=True)
+    except OSError:
+        pass
+
 
 def verify_files(data_dir: str | os.PathLike, manifest: dict | None = None, names: list[str] | None = None) -> None:
-    """Check the sha256 of `names` (default: every file the manifest lists) against the manifest,
-    once per file and process; UserError on the first missing or corrupt file, naming it."""
+    """Check the sha256 of `names` (default: every file the manifest lists) against the manifest;
+    UserError on the first missing or corrupt file, naming it.
+
+    Why a record: hashing every shard at every start grew training's start-up with the corpus
+    (4 s per GB) and read the token shards before they were used. A file is hashed unless the
+    data directory's record (VERIFIED_NAME: written by `preprocess`, which computed the sha256 of
+    what it wrote, and by earlier checks) holds it with its current size, mtime and inode, as
+    git's index does; a file rewritten or replaced since is hashed again, and so is one changed
+    within RACY_NS of the record. Deleting the record makes the next run hash every file. Within
+    a process each file is checked once (`_VERIFIED`)."""
     m = _manifest(data_dir, manifest)
     files = m["files"]
+    d = Path(data_dir)
+    record = _verified_record(d)
+    hashed: dict[str, str] = {}
     for name in files if names is None else names:
-        p = Path(data_dir) / name
+        p = d / name
         if name not in files:
             raise UserError(f"{p}: not listed in {MANIFEST_NAME}")
         if not p.is_file():
             raise UserError(f"{p}: missing (listed in {MANIFEST_NAME})")
-        st = p.stat()
-        key = (os.path.realpath(p), st.st_size, st.st_mtime_ns, st.st_ino, files[name])
+        stat = _stat(p)
+        key = (os.path.realpath(p), *stat, files[name])
         if key in _VERIFIED:
             continue
-        if sha256_file(p) != files[name]:
-            raise UserError(f"{p}: checksum mismatch with {MANIFEST_NAME} (corrupt or modified file)")
+        if record.get(name) != [*stat, files[name]]:
+            if sha256_file(p) != files[name]:
+                raise UserError(f"{p}: checksum mismatch with {MANIFEST_NAME} (corrupt or modified file)")
+            hashed[name] = files[name]
         _VERIFIED.add(key)
+    if hashed:
+        remember_verified(d, hashed)
 
 
 def write_manifest(data_dir: str | os.PathLike, manifest: dict) -> None:

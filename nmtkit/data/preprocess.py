@@ -53,6 +53,7 @@ from nmtkit.data.manifest import (  # noqa: F401  (re-exported: the data-dir API
     load_manifest,
     sha256_file,
     subword_model_path,
+    remember_verified,
     verify_files,
     write_manifest,
 )
@@ -498,6 +499,7 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
         _add_run_entries(cfg, tmp, dest, manifest, fingerprint, inputs_json)
         write_manifest(tmp, manifest)  # last: its presence marks the directory complete
+        remember_verified(tmp, manifest["files"])  # their sha256s were computed from what was written
         _apply_umask(tmp)
         install.install(tmp, dest, owned)
     except BaseException:

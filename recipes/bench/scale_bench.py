@@ -281,6 +281,12 @@ def replicate(data: Path, k: int) -> Path:
     train["tokens"] = {lang: v * k for lang, v in train["tokens"].items()}
     m["fingerprint"] = f"{m.get('fingerprint')}x{k}"
     (out / "manifest.json").write_text(json.dumps(m, indent=2))
+    try:  # what preprocess leaves: the record of checked files (nmtkit versions that keep one)
+        from nmtkit.data.manifest import remember_verified
+    except ImportError:
+        pass
+    else:
+        remember_verified(out, m["files"])
     return out
 
 
