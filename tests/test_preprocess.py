@@ -376,6 +376,21 @@ def test_foreign_nonempty_destination_is_refused_unless_force(tmp_path, corpus, 
     assert not (dest / "manifest.json").exists()
 
 
+def test_force_replaces_a_dataset_holding_an_interrupted_write_of_its_record(tmp_path, corpus, run_cli):
+    """A kill while a check rewrote the record of checked files leaves its temporary file: the
+    dataset's own, replaced with it by --force, not a user's file that blocks --force."""
+    raw, _ = corpus
+    dest = tmp_path / "d"
+    preprocess(cfg_for(raw, dest))
+    leftover = dest / "..nmtkit-verified.json.ab12cd34.tmp"  # nmtkit.io.atomic_write's temporary name
+    leftover.write_text("{")
+    args = ["preprocess", "-s", "de", "-t", "en", "--trainpref", raw / "train", "--destdir", dest, "--bpe", "none"]
+    r = run_cli(*args, "--force")
+    assert r.code == 0, r
+    assert not leftover.exists()
+    assert load_manifest(dest)["subword"]["kind"] == "none"
+
+
 def test_force_replaces_only_the_datasets_own_files(tmp_path, corpus, run_cli):
     """A user's files beside an nmtkit dataset (a note, a folder of checkpoints) are never deleted:
     --force refuses, naming them, and the dataset is untouched."""

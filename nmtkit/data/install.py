@@ -63,10 +63,17 @@ def dataset_files(dest: Path) -> set[str] | None:
     return names | {MANIFEST_NAME, VERIFIED_NAME}
 
 
+def _record_leftover(name: str) -> bool:
+    """The temporary name of an interrupted write of VERIFIED_NAME (nmtkit.io.atomic_write's)."""
+    return name.startswith(f".{VERIFIED_NAME}.") and name.endswith(".tmp")
+
+
 def foreign_entries(dest: Path, owned: set[str] | None) -> list[str]:
     """Entries of `dest` that are not the dataset's own plain files (folders end with "/")."""
     out = []
     for p in sorted(dest.iterdir()):
+        if owned is not None and _record_leftover(p.name) and p.is_file() and not p.is_symlink():
+            continue  # a write of the record of checked files that a kill interrupted
         if owned is None or p.name not in owned or p.is_symlink() or not p.is_file():
             out.append(p.name + ("/" if p.is_dir() and not p.is_symlink() else ""))
     return out
