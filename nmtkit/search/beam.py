@@ -317,21 +317,7 @@ def _beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig) ->
     The first step runs on one row per sentence (all beams would be identical), so the
     encoder-side keys/values are computed once per sentence and then copied to the beams.
     """
-    st = _beam_start(ens, src_tokens, cfg)
-    results: list[list[Hypothesis]] = [[] for _ in range(src_tokens.size(0))]
-    for t in range(st.T + 1):
-        lprobs, eos_lp, eos_cum = _beam_scores(ens, st, t, cfg)  # (N, V), (N,), (B', kc)
-        top_lp, beam, tok, step_lp = _beam_prune(st, lprobs, cfg)  # (B', K) each
-        _beam_finish(st, t, top_lp, eos_lp, eos_cum, cfg)
-        done = _beam_done(st, t, top_lp, cfg)  # (B',)
-        keep = None
-        if bool(done.any()):
-            _beam_collect(st, done, results, cfg)
-            keep = (~done).nonzero().view(-1)  # (B'',)
-            if keep.numel() == 0:
-                break
-        _beam_reorder(ens, st, t, top_lp, beam, tok, step_lp, keep, cfg)
-    return results
+    return _beam_loop(ens, src_tokens, cfg, None)
 
 
 def _terms_beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig,
@@ -343,14 +329,23 @@ def _terms_beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConf
     of its avoided sequences, and starts with its prefix; a sentence for which none could finish
     gets a single hypothesis scored -inf (callers say so).
     """
+    return _beam_loop(ens, src_tokens, cfg, TermBatch(terms, src_tokens.device))
+
+
+def _beam_loop(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig,
+               tb: TermBatch | None) -> list[list[Hypothesis]]:
+    """The steps of beam search: scores (model + rules) -> the K live extensions per sentence (by
+    score, or by `tb`'s dynamic beam allocation) -> finishing -> reordering (rows, caches)."""
     st = _beam_start(ens, src_tokens, cfg)
-    tb = TermBatch(terms, src_tokens.device)
     results: list[list[Hypothesis]] = [[] for _ in range(src_tokens.size(0))]
     for t in range(st.T + 1):
         lprobs, eos_lp, eos_cum = _beam_scores(ens, st, t, cfg, tb)  # (N, V), (N,), (B', kc)
-        row_val, row_tok = row_topk(lprobs, min(cfg.beam, lprobs.size(1)))  # (N, kk)
-        top_lp, beam, tok, step_lp = tb.select(st.alive, lprobs, row_val, row_tok, t, st.tokens[:, 1 : t + 1],
-                                               cfg.beam, cfg.pad)  # (B', K) each
+        if tb is None:
+            top_lp, beam, tok, step_lp = _beam_prune(st, lprobs, cfg)  # (B', K) each
+        else:
+            row_val, row_tok = row_topk(lprobs, min(cfg.beam, lprobs.size(1)))  # (N, kk)
+            top_lp, beam, tok, step_lp = tb.select(st.alive, lprobs, row_val, row_tok, t, st.tokens[:, 1 : t + 1],
+                                                   cfg.beam, cfg.pad)  # (B', K) each
         _beam_finish(st, t, top_lp, eos_lp, eos_cum, cfg)
         done = _beam_done(st, t, top_lp, cfg)  # (B',)
         keep = None
@@ -360,7 +355,8 @@ def _terms_beam_search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConf
             if keep.numel() == 0:
                 break
         _beam_reorder(ens, st, t, top_lp, beam, tok, step_lp, keep, cfg)
-        tb.advance(keep)
+        if tb is not None:
+            tb.advance(keep)
     return results
 
 
