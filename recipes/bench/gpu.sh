@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU figures of nmtkit in one sitting (at most about 7 minutes on one H100), every number in one
+# GPU figures of nmtkit in one sitting (at most about 8 minutes on one H100), every number in one
 # JSON file: the environment and a measured bf16 GEMM rate, tests/test_cuda.py, the training step
 # of transformer_base and transformer_big (bf16, eager and --compile, at the largest --max-tokens
 # that fits: tokens/s, MFU, peak memory), `nmtkit train` on the quickstart's Multi30k task for a
@@ -22,7 +22,7 @@
 #   2. copy the checkout to the GPU machine together with .whl and .gpu_data (both are
 #      git-ignored: a copy of what git tracks must name them) and run, from its root, the one command
 #        bash recipes/bench/gpu.sh
-#      allowing it about 480 s (it stops itself within its 400 s budget plus start-up); the
+#      allowing it about 560 s (it stops itself within its 480 s budget plus start-up); the
 #      results land in $OUT when that is set, else in runs/gpu_bench.
 #
 # Which Python runs it: $GPU_BENCH_PYTHON if set; else python3 when no virtual environment is
