@@ -16,6 +16,8 @@
 #   WORKERS=2             preprocess --workers
 #   REPLICATE=K           also train on the largest size's shards hard-linked K times (K x the
 #                         pairs, no preprocessing, no disk; e.g. 36M pairs from 9M)
+#   COLD=1                drop the page cache before every training launch (root only), so that
+#                         start-up reads the shards and torch from disk
 #   NMTKIT_SHARED=DIR     the shared folder holding data/ (default: ../shared)
 #   BENCH_DIR=DIR         scratch folder, about 150 bytes per pair at the largest size plus its
 #                         text (default: ./runs/bench_scale)
@@ -28,4 +30,4 @@ code="this=$(pwd)"
 [ -n "${BASELINE:-}" ] && code="$code,baseline=$BASELINE"
 python recipes/bench/scale_bench.py --data "$shared/data" --sizes "${SIZES:-1000000}" \
     --work "${BENCH_DIR:-$(pwd)/runs/bench_scale}" --workers "${WORKERS:-2}" --code "$code" \
-    --replicate "${REPLICATE:-1}"
+    --replicate "${REPLICATE:-1}" ${COLD:+--cold}

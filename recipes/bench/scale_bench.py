@@ -13,7 +13,9 @@ Run through recipes/bench/scale.sh. For each corpus size N:
      peak (VmHWM); bytes per pair per rank = (RSS at N - RSS at the small reference corpus) /
      (N - its pairs), so that the fixed cost (torch, the model) drops out;
   4. resumes a one-process run from its mid-epoch checkpoint and times it to its next update;
-and prints the disk used. Removes what it made unless --keep.
+and prints the disk used. Removes what it made unless --keep. With --cold the page cache is
+dropped before every training launch (the shards, and torch itself, come from disk), which
+needs root; --reuse --keep measure a kept corpus again without preprocessing it.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def run_preprocess(prefix: Path, dest: Path, workers: int, extra: list[str]) -> 
     split = m["splits"]["train"]
     tokens, pairs = sum(split["tokens"].values()), split["sentences"]
     return {"wall": time.perf_counter() - t0, "peak_mb": sampler.peak_kb / 1024, "pairs": pairs,
-            "tokens_per_side": tokens / 2 / max(pairs, 1), "summary": out.strip().splitlines()[-1:]}
+            "tokens_per_side": tokens / 2 / max(pairs, 1), "summary": [x for x in out.strip().splitlines() if x.startswith("time:")]}
 
 
 def proc_mem(pid: int) -> dict:
@@ -114,8 +116,19 @@ def workers_of(pid: int, procs: int) -> list[int]:
     return kids
 
 
+COLD = False  # --cold: drop the page cache before every training launch
+
+
+def drop_page_cache() -> None:
+    """Write back dirty pages, then let the kernel drop the clean page cache (root only)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
 def first_update(code: Path, data: Path, save: Path, procs: int, extra: list[str], want_update: int) -> dict:
     """Launch training; at the first logged update >= want_update, sample every rank's memory."""
+    if COLD:
+        drop_page_cache()
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "nmtkit", "train", str(data), "--save-dir", str(save), *TRAIN, *extra]
     if procs > 1:
@@ -178,7 +191,8 @@ def report(label: str, n: int, small: int, big: dict, ref: dict, procs: int) -> 
           f"(reference corpus {ref['seconds']:.1f}s); per rank there: {mean_kb(big, 'RssAnon') / 1024:.0f} MiB "
           f"private, {per['RssAnon']:.1f} bytes per pair (start-up peak {peak['peak_anon_kb']:.1f}); "
           f"all resident pages incl. mapped shards {mean_kb(big, 'VmRSS') / 1024:.0f} MiB, {per['VmRSS']:.1f} "
-          f"bytes per pair (VmHWM {peak['peak_kb']:.1f})", flush=True)
+          f"bytes per pair (VmHWM {peak['peak_kb']:.1f})" + (" [page cache dropped before each launch]" if COLD else ""),
+          flush=True)
 
 
 def main() -> None:
@@ -195,7 +209,16 @@ def main() -> None:
     ap.add_argument("--replicate", type=int, default=1,
                     help="also measure training on the largest size's shards linked K times (K x the pairs)")
     ap.add_argument("--replicate-only", action="store_true", help="with --replicate: skip the unlinked sizes' training")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache before every training launch (needs root), so start-up reads from disk")
     args = ap.parse_args()
+    if args.cold:
+        global COLD
+        try:
+            drop_page_cache()
+        except OSError as e:
+            sys.exit(f"bench: --cold needs to write /proc/sys/vm/drop_caches (root): {e.strerror}")
+        COLD = True
     codes = [(c.split("=", 1) if "=" in c else (c, c)) for c in args.code.split(",")]
     codes = [(label, Path(p).resolve()) for label, p in codes]
     args.work.mkdir(parents=True, exist_ok=True)
@@ -250,6 +273,8 @@ def prepare(args, n: int) -> tuple[int, int]:
           f"average), --workers {args.workers}: "
           f"{pre['wall']:.0f}s ({pre['pairs'] / pre['wall']:,.0f} pairs/s), peak RSS {pre['peak_mb']:.0f} MiB; "
           f"data directory {du}", flush=True)
+    for line in pre["summary"]:  # preprocess's own phases: check, learn, binarize train, valid/test
+        print(f"  {line}", flush=True)
     return pre["pairs"], ref_pre["pairs"]
 
 
@@ -297,7 +322,8 @@ def measure_training(data: Path, pairs: int, ref: Path, ref_pairs: int, codes, w
             big = train_figures(code, data, w, procs)
             report(label, pairs, ref_pairs, big, r0, procs)
         r = resume_figures(code, data, w)
-        print(f"  {label}: resume mid-epoch (update 2 of an epoch) to its next update: {r['seconds']:.1f}s", flush=True)
+        print(f"  {label}: resume mid-epoch (update 2 of an epoch) to its next update: {r['seconds']:.1f}s"
+              + (" (page cache dropped before each launch)" if COLD else ""), flush=True)
 
 
 if __name__ == "__main__":
