@@ -14,7 +14,8 @@ from nmtkit.backends.export import ExportOptions
 @with_settings(ExportOptions, into="opts")
 def export_command(opts: ExportOptions) -> None:
     """Export a checkpoint and its data directory's dictionaries and subword model(s) as one
-    self-contained directory for another runtime (CTranslate2); `nmtkit generate --path DIR` translates with it."""
+    self-contained directory for another runtime (CTranslate2, ONNX Runtime, Hugging Face
+    transformers); `nmtkit generate --path DIR` translates with the CTranslate2 and ONNX ones."""
     from nmtkit.console import plain_text, stderr_console
     from nmtkit.backends.export import export
 
