@@ -164,3 +164,43 @@ def test_cli_imports_and_keeps_the_output_policy(tmp_path, run_cli):
     want = fairseq_hypotheses(a / "generate.out")
     got = {int(line.split("\t")[0][2:]): line.split("\t")[2] for line in r.out.splitlines() if line.startswith("H-")}
     assert r.code == 0 and got == {i: t for i, (_, t) in want.items()}, r
+
+
+def test_preprocess_with_an_imported_moses_directory_moses_tokenizes_the_new_text(tmp_path):
+    """`preprocess --srcdict/--tgtdict` of an imported directory whose text goes through Moses
+    before subword-nmt passes that step on: the new shards hold the ids the imported model's own
+    encoding gives (not those of the untokenized text), the new manifest keeps the step under its
+    language names, and a directory without the step cannot be mixed in."""
+    from nmtkit.data.dictionary import Dictionary
+    from nmtkit.data.preprocess import PreprocessConfig, load_manifest, preprocess
+    from nmtkit.data.shards import load_split
+    from nmtkit.data.subwords import SubwordNmtModel, load_subword_model
+
+    _, data = run_import(tmp_path, "b", bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"),
+                         tokenizer="moses", moses_source_lang="en", moses_target_lang="en")
+    text = (GOLDEN / "b" / "test.src").read_text(encoding="utf-8").splitlines()
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for lang in ("src", "tgt"):
+        (raw / f"train.{lang}").write_text("".join(t + "\n" for t in text), encoding="utf-8")
+
+    def cfg(dest, tgtdict):
+        return PreprocessConfig(source_lang="src", target_lang="tgt", trainpref=str(raw / "train"), destdir=str(dest),
+                                max_len=0, ratio=0, workers=2, srcdict=str(data), tgtdict=str(tgtdict))
+
+    new = tmp_path / "new"
+    preprocess(cfg(new, data))
+    assert load_manifest(new)["subword"]["pretokenizer"] == load_manifest(data)["subword"]["pretokenizer"] == {
+        "kind": "moses", "langs": {"src": "en", "tgt": "en"}, "aggressive_dash_splits": True, "escape": True}
+    imported = load_subword_model(data, "src")
+    d = Dictionary.load(data / "dict.src.txt")
+    ds = load_split(new, "train", "src")
+    assert [ds[i].tolist() for i in range(len(ds))] == [[d.index(t) for t in imported.encode(x)] for x in text]
+    untokenized = SubwordNmtModel(GOLDEN / "b" / "bpecodes")
+    assert sum(imported.encode(x) != untokenized.encode(x) for x in text) > 10  # Moses matters for this text
+    assert load_subword_model(new, "src").encode(text[0]) == imported.encode(text[0])
+
+    _, plain = run_import(tmp_path / "a", "a", bpe="sentencepiece", sentencepiece_model=str(GOLDEN / "a" / "spm.model"))
+    with pytest.raises(UserError, match=r"--srcdict .* Moses-tokenizes text before its subword model and --tgtdict "):
+        preprocess(cfg(tmp_path / "mixed", plain))
+    assert not (tmp_path / "mixed").exists()

@@ -236,12 +236,14 @@ class _Task:
 _MODELS: dict[str, subwords.SubwordModel] = {}  # per process: lang -> model
 
 
-def _init_models(kinds: dict[str, str], model_files: dict[str, str | None], worker: bool = False) -> None:
+def _init_models(kinds: dict[str, str], model_files: dict[str, str | None], subword_entry: dict,
+                 worker: bool = False) -> None:
+    """Load each language's subword model, behind the directory's Moses step if it has one."""
     if worker:  # Ctrl-C is handled by the parent, which terminates the pool: no traceback per worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _MODELS.clear()
     for lang, path in model_files.items():
-        _MODELS[lang] = subwords.load_model_file(kinds[lang], path)
+        _MODELS[lang] = subwords.pretokenized(subwords.load_model_file(kinds[lang], path), subword_entry, lang)
 
 
 def _encode_side(model: subwords.SubwordModel, lines: list[str]):
@@ -299,18 +301,20 @@ class _Encoder:
     """Runs `_encode_job` in-process (workers=1) or in a pool, yielding results in input order
     with a bounded number of jobs in flight (so memory does not grow with the corpus)."""
 
-    def __init__(self, kinds: dict[str, str], model_files: dict[str, str | None], workers: int):
+    def __init__(self, kinds: dict[str, str], model_files: dict[str, str | None], workers: int,
+                 subword_entry: dict | None = None):
         self.workers = workers
         self.pool = None
         self.worker_cpu = 0.0  # CPU seconds spent in worker processes (not counted by our process_time)
+        sub = {k: v for k, v in (subword_entry or {}).items() if k == "pretokenizer"}
         if workers == 1:
-            _init_models(kinds, model_files)
+            _init_models(kinds, model_files, sub)
         else:
             # spawn, not fork: the parent runs a progress-bar thread, and forking a threaded
             # process can deadlock the child.
             ctx = multiprocessing.get_context("spawn")
             with _spawn_without_main():
-                self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kinds, model_files, True))
+                self.pool = ctx.Pool(workers, initializer=_init_models, initargs=(kinds, model_files, sub, True))
 
     def map(self, jobs: Iterator) -> Iterator:
         if self.pool is None:
@@ -764,7 +768,7 @@ def _build(cfg, tmp: Path, inputs, infos, progress, log, timings, reused=None) -
     b = _Build(cfg, tmp, progress, log, timings)
     sub, model_files = _subword_models(b, inputs, infos, reused)
     spm_mode = {lang: sub["kinds"][lang] == "sentencepiece" for lang in b.langs}  # sentencepiece ids, not strings
-    encoder = _Encoder(sub["kinds"], model_files, cfg.workers)
+    encoder = _Encoder(sub["kinds"], model_files, cfg.workers, sub)
     ok = False
     try:
         cpu0, wcpu0 = time.process_time(), encoder.worker_cpu

@@ -10,7 +10,9 @@ sha256 with the checkpoint's. Learning a new subword model or dictionary would g
 used) or a dictionary file. A dictionary inside a data directory brings that directory's subword
 model for its language along (copied into the new directory, checksum verified); a standalone
 dictionary file has no known subword model, so it needs `--bpe none` (text already split into
-the dictionary's tokens), as fairseq's `--srcdict` does.
+the dictionary's tokens), as fairseq's `--srcdict` does. A data directory that Moses-tokenizes
+its text before the subword model (an imported fairseq model: `subword.pretokenizer`) passes
+that step on too, or the new text would reach the subword model untokenized.
 """
 
 from __future__ import annotations
@@ -35,12 +37,23 @@ class ReusedSide:
     kind: str  # subword kind applied to this language: sentencepiece, subword-nmt or none
     model_path: Path | None  # the subword model file (None for kind "none")
     data_dir: Path | None  # the data directory it comes from (None: a standalone dictionary file)
-    subword_entry: dict  # that directory's manifest "subword" entry ({} for a standalone file)
+    subword_entry: dict  # that directory's manifest "subword" settings carried over (vocab_size, merges)
+    old_lang: str = ""  # the language whose dictionary this is in that directory
+    pretokenizer: dict | None = None  # that directory's `subword.pretokenizer` (Moses), if any
+
+    def moses_lang(self, lang: str) -> str:
+        """The Moses language for `lang` of the new directory: the old directory's setting for a
+        language of that name (a joined dictionary serving both sides), else for its own language."""
+        langs = self.pretokenizer["langs"]
+        return langs[lang] if lang in langs else langs[self.old_lang]
 
     def describe(self) -> dict:
         """What determines the output (content, not paths): for the build fingerprint."""
-        return {"dict_sha256": self.dictionary.sha256, "kind": self.kind,
-                "model_sha256": sha256_file(self.model_path) if self.model_path else None}
+        out = {"dict_sha256": self.dictionary.sha256, "kind": self.kind,
+               "model_sha256": sha256_file(self.model_path) if self.model_path else None}
+        if self.pretokenizer is not None:  # (absent otherwise: earlier builds keep their fingerprint)
+            out["pretokenizer"] = self.pretokenizer
+        return out
 
 
 def resolve_side(flag: str, value: str, lang: str, bpe: str) -> ReusedSide:
@@ -82,8 +95,13 @@ def _from_data_dir(flag: str, d: Path, manifest: dict, old_lang: str, dict_path:
         verify_files(d, manifest, [dict_path.name] + ([name] if name else []))
     except UserError as e:
         raise UserError(f"{flag}: {e}") from None
+    pre = sub.get("pretokenizer")
+    if pre is not None and (not isinstance(pre, dict) or pre.get("kind") != "moses"
+                            or not isinstance(pre.get("langs"), dict) or old_lang not in pre["langs"]):
+        raise UserError(f"{flag} {d}: unsupported pre-tokenizer in its manifest: {pre!r} "
+                        f"(this nmtkit knows Moses for each language)")
     return ReusedSide(flag, dict_path, Dictionary.load(dict_path), kind, d / name if name else None, d,
-                      {k: v for k, v in sub.items() if k in ("vocab_size", "merges")})
+                      {k: v for k, v in sub.items() if k in ("vocab_size", "merges")}, old_lang, pre)
 
 
 def resolve(srcdict: str | None, tgtdict: str | None, src: str, tgt: str, joined: bool,
@@ -140,5 +158,28 @@ def install_subwords(reused: dict[str, ReusedSide], src: str, tgt: str, tmp: Pat
                    "files": files}
     for lang in (src, tgt):
         entry.update(reused[lang].subword_entry)
+    pre = _pretokenizer_entry(reused, src, tgt)
+    if pre is not None:
+        entry["pretokenizer"] = pre
     entry["reused_from"] = {lang: str(reused[lang].data_dir or reused[lang].dict_path) for lang in (src, tgt)}
     return entry
+
+
+def _pretokenizer_entry(reused: dict[str, ReusedSide], src: str, tgt: str) -> dict | None:
+    """The new directory's `subword.pretokenizer`: the reused directories' Moses step under the
+    new language names, or None when neither has one. A directory applies one rule to both
+    languages' settings, so sides that disagree are refused."""
+    a, b = reused[src], reused[tgt]
+    if a.pretokenizer is None and b.pretokenizer is None:
+        return None
+    if a.pretokenizer is None or b.pretokenizer is None:
+        moses, plain = (a, b) if a.pretokenizer is not None else (b, a)
+        raise UserError(f"{moses.flag} {moses.data_dir} Moses-tokenizes text before its subword model and "
+                        f"{plain.flag} {plain.data_dir or plain.dict_path} does not: one data directory cannot "
+                        "mix the two; reuse dictionaries from directories that agree")
+    keys = ("aggressive_dash_splits", "escape")
+    opts = {k: bool(a.pretokenizer.get(k, True)) for k in keys}
+    if opts != {k: bool(b.pretokenizer.get(k, True)) for k in keys}:
+        raise UserError(f"{a.flag} {a.data_dir} and {b.flag} {b.data_dir} Moses-tokenize with different "
+                        f"settings ({', '.join(keys)}): reuse dictionaries from directories that agree")
+    return {"kind": "moses", "langs": {src: a.moses_lang(src), tgt: b.moses_lang(tgt)}, **opts}

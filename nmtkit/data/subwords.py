@@ -133,10 +133,16 @@ class MosesPretokenized(SubwordModel):
         self.aggressive_dash_splits, self.escape = aggressive_dash_splits, escape
         self.tokenizer, self.detokenizer = MosesTokenizer(lang=lang), MosesDetokenizer(lang=lang)
 
+    def tokenize(self, line: str) -> str:
+        return self.tokenizer.tokenize(line, aggressive_dash_splits=self.aggressive_dash_splits,
+                                       return_str=True, escape=self.escape)
+
     def encode(self, line: str) -> list[str]:
-        tokenized = self.tokenizer.tokenize(line, aggressive_dash_splits=self.aggressive_dash_splits,
-                                            return_str=True, escape=self.escape)
-        return self.inner.encode(tokenized)
+        return self.inner.encode(self.tokenize(line))
+
+    def encode_ids(self, lines: list[str], num_threads: int = 1) -> list[list[int]]:
+        """sentencepiece ids of the tokenized lines (preprocess's path for a sentencepiece model)."""
+        return self.inner.encode_ids([self.tokenize(line) for line in lines], num_threads)
 
     def decode(self, tokens: Iterable[str]) -> str:
         return self.detokenizer.detokenize(self.inner.decode(tokens).split())
