@@ -74,6 +74,16 @@ def test_pre_norm_separate_dictionaries_moses_subword_nmt(tmp_path):
     assert "," in texts[0] and " ," not in texts[0]  # detokenized
 
 
+def test_gelu_and_decoder_only_tied_embeddings(tmp_path):
+    """`transformer_iwslt_de_en` with --activation-fn gelu (torch's exact GELU in fairseq, as in
+    nmtkit), separate dictionaries and --share-decoder-input-output-embed."""
+    tr, texts, want = check_against_fairseq(tmp_path, "c", bpe="sentencepiece",
+                                            sentencepiece_model=str(GOLDEN / "c" / "spm.model"))
+    cfg = torch.load(tmp_path / "c.pt", weights_only=True)["arch_config"]
+    assert cfg["activation"] == "gelu" and cfg["share_embeddings"] == "decoder" and not cfg["normalize_before"]
+    assert tr.model_source.manifest["dictionaries"]["joined"] is False
+
+
 def test_legacy_fused_projections_give_the_same_weights():
     """Checkpoints before 2019 fuse Q, K, V (`in_proj_weight`) and call the encoder's norms
     `layer_norms.0/1`: they map to the same nmtkit tensors."""
@@ -104,7 +114,8 @@ def test_legacy_fused_projections_give_the_same_weights():
     ({"arch": "transformer_lm"}, r"fairseq arch 'transformer_lm' cannot be imported"),
     ({"encoder_layerdrop": 0.2}, r"arch 'transformer' with layer drop \(encoder_layerdrop=0.2\)"),
     ({"adaptive_input": True}, r"with adaptive input"),
-    ({"activation_fn": "gelu"}, r"with its activation \(activation_fn='gelu'\)"),
+    ({"activation_fn": "gelu_fast"}, r"with its activation \(activation_fn='gelu_fast'\) cannot be imported: nmtkit's "
+                                     r"Transformer computes relu and gelu"),
     ({"decoder_embed_dim": 64}, r"encoder_embed_dim=32, decoder_embed_dim=64"),
     ({"decoder_normalize_before": True}, r"decoder_normalize_before=True"),
 ])

@@ -8,8 +8,9 @@ What differs and how it is bridged (docs/fairseq.md):
   its learned position tables start two rows later (padding_idx + 1), so rows 2.. are kept;
 - Q, K, V are separate matrices in fairseq (fused `in_proj_weight` in checkpoints before 2019);
   nmtkit fuses Q|K|V for self-attention and K|V for encoder-decoder attention.
-Anything nmtkit's model cannot compute exactly (layer drop, adaptive input or softmax, another
-activation, no embedding scale, ...) is refused in one line naming the arch and the setting.
+ReLU and GELU (`activation`) are imported; anything nmtkit's model cannot compute exactly (layer
+drop, adaptive input or softmax, a tanh-approximated GELU, no embedding scale, ...) is refused in
+one line naming the arch and the setting.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ _UNSUPPORTED = (
     ("no_token_positional_embeddings", False, "no positions"), ("no_cross_attention", False, "no cross-attention"),
     ("cross_self_attention", False, "cross+self attention"), ("no_decoder_final_norm", False, "no final layer norm"),
     ("encoder_embed_path", None, "pretrained embedding files"), ("char_inputs", False, "character inputs"),
-    ("activation_fn", "relu", "its activation"),
 )
+
+# fairseq's activation_fn -> nmtkit's: its "gelu" is torch's exact (erf) GELU, as nmtkit's; the
+# tanh approximations ("gelu_fast", "gelu_accurate"), "tanh" and "linear" are not computed
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}
 
 
 def model_args(state: dict) -> dict[str, Any]:
@@ -93,6 +97,10 @@ def arch_config(args: dict[str, Any], where: str) -> ArchConfig:
         if value not in (fine, None, 0, False, "", []):
             raise UserError(f"{where}: fairseq arch {arch!r} with {what} ({key}={value!r}) cannot be imported: "
                             "nmtkit's Transformer does not compute it")
+    activation = a.get("activation_fn") or "relu"
+    if activation not in _ACTIVATIONS:
+        raise UserError(f"{where}: fairseq arch {arch!r} with its activation (activation_fn={activation!r}) cannot be "
+                        f"imported: nmtkit's Transformer computes {' and '.join(_ACTIVATIONS)}")
     _same(a, arch, where, ("encoder_embed_dim", "decoder_embed_dim", "decoder_output_dim", "decoder_input_dim"),
           ("encoder_ffn_embed_dim", "decoder_ffn_embed_dim"), ("encoder_attention_heads", "decoder_attention_heads"),
           ("encoder_normalize_before", "decoder_normalize_before"), ("encoder_learned_pos", "decoder_learned_pos"))
@@ -106,6 +114,7 @@ def arch_config(args: dict[str, Any], where: str) -> ArchConfig:
         share_embeddings=share, max_source_positions=int(a["max_source_positions"]),
         max_target_positions=int(a["max_target_positions"]), sinusoid="fairseq", attention_bias=True,
         decoder_start="eos", label_smoothing=float(a.get("label_smoothing") or 0.1),
+        activation=_ACTIVATIONS[activation],
     ).validate()
 
 
