@@ -54,17 +54,29 @@ PRE = ArchConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=
                  max_target_positions=40)
 POST = dataclasses.replace(PRE, d_k=None, d_v=None, normalize_before=False, learned_pos=False,
                            share_embeddings="all")
+# the settings of imported models (fairseq: biases, its sinusoids, </s> first; Hugging Face: GELU/SiLU)
+FAIRSEQ_GELU = dataclasses.replace(POST, attention_bias=True, sinusoid="fairseq", decoder_start="eos",
+                                   activation="gelu")
+SWISH = dataclasses.replace(PRE, attention_bias=True, activation="swish")
 
 
-@pytest.mark.parametrize("cfg", [POST, PRE], ids=["post", "pre"])
+@pytest.mark.parametrize("cfg", [POST, PRE, FAIRSEQ_GELU, SWISH], ids=["post", "pre", "fairseq-gelu", "swish"])
 def test_onnx_runtime_search_equals_native_search(cfg, tmp_path):
-    """Post-norm with tied embeddings and sinusoids; pre-norm, learned positions, d_k != d_v."""
+    """Post-norm with tied embeddings and sinusoids; pre-norm, learned positions, d_k != d_v; and
+    the settings of imported models: attention biases (random here: they start at zero),
+    fairseq's sinusoids, decoding from </s>, GELU and SiLU."""
     from nmtkit.search import arrays
     from nmtkit.search.beam import search
     from nmtkit.search.config import SearchConfig
 
     torch.set_num_threads(1)
     model = tiny(cfg, 20, seed=3)
+    if cfg.attention_bias:
+        gen = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "attn" in name and name.endswith("bias"):
+                    p.copy_(0.1 * torch.randn(p.shape, generator=gen))
     graphs, record = graphs_of(model, tmp_path / "m")
     assert record["check"]["float32_max_logprob_diff"] < 1e-4
     rng = np.random.default_rng(1)
@@ -334,3 +346,30 @@ def test_a_parsing_export_gives_native_trees(tmp_path, run_cli):
     check_trees(mine.out.splitlines(), words)
     assert mine.out.startswith("(TOP (NP (NP ")  # the favoured brackets, repaired
     assert Translator.load(out, threads=1).search.max_len_b == 300
+
+
+@pytest.mark.parametrize("fixture", ["b", "c"])
+def test_an_imported_fairseq_model_exported_to_onnx_gives_fairseq_generates_hypotheses(fixture, tmp_path):
+    """fairseq 0.12.2's own checkpoints (tests/golden/fairseq: b pre-norm with learned positions,
+    Moses and subword-nmt; c GELU), imported and exported to ONNX: from the raw test sentences,
+    ONNX Runtime under the numpy search gives fairseq-generate's 40 hypotheses, token for token,
+    with its scores (to 1e-4 in base 2)."""
+    import math
+
+    from nmtkit import Translator
+    from nmtkit.backends.export import ExportOptions, export
+    from tests.test_fairseq_import import FAIRSEQ_SEARCH, GOLDEN, fairseq_hypotheses, run_import
+
+    flags = {"b": dict(bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"), tokenizer="moses",
+                       moses_source_lang="en", moses_target_lang="en"),
+             "c": dict(bpe="sentencepiece", sentencepiece_model=str(GOLDEN / "c" / "spm.model"))}[fixture]
+    ckpt, data = run_import(tmp_path, fixture, **flags)
+    export(ExportOptions(data_dir=str(data), path=str(ckpt), output=str(tmp_path / "onnx"), format="onnx"))
+    tr = Translator.load(tmp_path / "onnx", threads=1, **FAIRSEQ_SEARCH)
+    assert tr.engine.name == "onnx"
+    sources = (GOLDEN / fixture / "test.src").read_text(encoding="utf-8").splitlines()
+    want = fairseq_hypotheses(GOLDEN / fixture / "generate.out")
+    best = [nbest[0] for nbest in tr.translate_nbest(sources)]
+    assert [" ".join(t.pieces) for t in best] == [want[i][1] for i in range(len(sources))]
+    for i, t in enumerate(best):
+        assert t.score / math.log(2) == pytest.approx(want[i][0], abs=1e-4)

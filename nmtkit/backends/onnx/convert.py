@@ -57,6 +57,9 @@ INT8_TOLERANCE = 1.0  # on the reference's own tokens (int8 weights move log-pro
 HANDLED_FIELDS = frozenset({
     "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "normalize_before",
     "learned_pos", "share_embeddings", "max_source_positions", "max_target_positions",
+    # imported models: the FFN's activation, biases on the attention projections, the sinusoid
+    # table (exported as it is), decoding started from </s>
+    "activation", "attention_bias", "sinusoid", "decoder_start",
     # training-only: no effect on the exported weights or on inference
     "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
 })
@@ -103,11 +106,22 @@ def _norm(ln) -> tuple[np.ndarray, np.ndarray]:
     return _np(ln.weight), _np(ln.bias)
 
 
+def _bias(linear, scaled_rows: int = 0, scale: float = 1.0) -> np.ndarray | None:
+    """A projection's bias (`attention_bias`, imported models), its first rows scaled as the weight's."""
+    if linear.bias is None:
+        return None
+    b = _np(linear.bias)
+    b[:scaled_rows] *= np.float32(scale)
+    return b
+
+
 def _self_attention(attn, dk: int) -> dict:
-    """Fused q|k|v (h*d_k | h*d_k | h*d_v, D) with the q rows scaled by 1/sqrt(d_k)."""
+    """Fused q|k|v (h*d_k | h*d_k | h*d_v, D) with the q rows (and their biases) scaled by 1/sqrt(d_k)."""
+    scale = 1.0 / math.sqrt(dk)
     qkv = _np(attn.qkv_proj.weight)
-    qkv[: attn.heads * dk] *= np.float32(1.0 / math.sqrt(dk))
-    return {"qkv": qkv, "out": _np(attn.out_proj.weight)}
+    qkv[: attn.heads * dk] *= np.float32(scale)
+    return {"qkv": (qkv, _bias(attn.qkv_proj, attn.heads * dk, scale)),
+            "out": (_np(attn.out_proj.weight), _bias(attn.out_proj))}
 
 
 def _layer(layer, dk: int, decoder: bool) -> dict:
@@ -115,14 +129,16 @@ def _layer(layer, dk: int, decoder: bool) -> dict:
          "fc1": (_np(layer.ffn.fc1.weight), _np(layer.ffn.fc1.bias)),
          "fc2": (_np(layer.ffn.fc2.weight), _np(layer.ffn.fc2.bias)), "ln_ffn": _norm(layer.ffn_norm)}
     if decoder:
-        ca = layer.cross_attn
-        w.update(q=_np(ca.q_proj.weight) * np.float32(1.0 / math.sqrt(dk)), kv=_np(ca.kv_proj.weight),
-                 cross_out=_np(ca.out_proj.weight), ln_cross=_norm(layer.cross_attn_norm))
+        ca, scale = layer.cross_attn, 1.0 / math.sqrt(dk)
+        w.update(q=(_np(ca.q_proj.weight) * np.float32(scale), _bias(ca.q_proj, ca.q_proj.out_features, scale)),
+                 kv=(_np(ca.kv_proj.weight), _bias(ca.kv_proj)),
+                 cross_out=(_np(ca.out_proj.weight), _bias(ca.out_proj)), ln_cross=_norm(layer.cross_attn_norm))
     return w
 
 
 def weights(model) -> dict:
-    """A loaded `Transformer`'s weights as float32 numpy arrays (torch's (out, in) layout)."""
+    """A loaded `Transformer`'s weights as float32 numpy arrays (torch's (out, in) layout); each
+    projection of an attention is a (weight, bias or None) pair."""
     cfg = model.cfg
     dk = cfg.head_dim_k
     pos = [_np(p.weight if p.learned else p.table) for p in (model.src_pos, model.tgt_pos)]
@@ -148,12 +164,19 @@ class _Graph:
         self.nodes: list = []
         self.inits: list = []
         self._n = 0
+        self._scalars: dict[str, str] = {}
 
     def const(self, name: str, value) -> str:
         from onnx import numpy_helper
 
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
+
+    def scalar(self, name: str, value: float) -> str:
+        """A float32 scalar initializer, made once per name."""
+        if name not in self._scalars:
+            self._scalars[name] = self.const(name, np.float32(value))
+        return self._scalars[name]
 
     def ints(self, *values: int) -> str:
         self._n += 1
@@ -169,8 +192,10 @@ class _Graph:
         self.nodes.append(helper.make_node(kind, list(inputs), names, name=name, **attrs))
         return names[0] if outs == 1 else names
 
-    def linear(self, x: str, w: np.ndarray, name: str, bias: np.ndarray | None = None) -> str:
-        """x (..., in) @ w.T (+ bias): w in torch's (out, in) layout."""
+    def linear(self, x: str, w, name: str, bias: np.ndarray | None = None) -> str:
+        """x (..., in) @ w.T (+ bias): w in torch's (out, in) layout, or a (weight, bias) pair."""
+        if isinstance(w, tuple):
+            w, bias = w
         y = self.op("MatMul", x, self.const(name, w.T), tag="proj")
         return y if bias is None else self.op("Add", y, self.const(name + ".bias", bias))
 
@@ -195,11 +220,25 @@ class _Graph:
             return self.op("Add", x, body(self.norm(x, ln, name)))
         return self.norm(self.op("Add", x, body(x)), ln, name)
 
+    def activation(self, x: str) -> str:
+        """The FFN's activation (`ArchConfig.activation`): ReLU; SiLU = x sigmoid(x); exact GELU =
+        x (1 + erf(x / sqrt 2)) / 2, as torch's (opset 17 has no Gelu operator)."""
+        kind = self.cfg.activation
+        if kind == "relu":
+            return self.op("Relu", x)
+        if kind == "swish":
+            return self.op("Mul", x, self.op("Sigmoid", x))
+        if kind == "gelu":
+            erf = self.op("Erf", self.op("Mul", x, self.scalar("gelu.rsqrt2", 1.0 / math.sqrt(2.0))))
+            return self.op("Mul", self.op("Mul", x, self.scalar("gelu.half", 0.5)),
+                           self.op("Add", erf, self.scalar("gelu.one", 1.0)))
+        raise UserError(f"--activation {kind}: the ONNX export does not represent this activation")
+
     def ffn(self, x: str, w: dict, name: str) -> str:
-        hid = self.op("Relu", self.linear(x, w["fc1"][0], name + ".fc1", w["fc1"][1]))
+        hid = self.activation(self.linear(x, w["fc1"][0], name + ".fc1", w["fc1"][1]))
         return self.linear(hid, w["fc2"][0], name + ".fc2", w["fc2"][1])
 
-    def split_qkv(self, x: str, w: np.ndarray, name: str) -> list[str]:
+    def split_qkv(self, x: str, w, name: str) -> list[str]:
         hk, hv = self.h * self.dk, self.h * self.dv
         return self.op("Split", self.linear(x, w, name), self.ints(hk, hk, hv), axis=-1, outs=3)
 
@@ -274,12 +313,16 @@ def _decoder_layer(g: _Graph, x: str, lw: dict, i: int, group_shape: str) -> str
     return g.sublayer(x, lw["ln_ffn"], f"dec.{i}.ln_ffn", lambda y: g.ffn(y, lw, f"dec.{i}"))
 
 
-def build_decoder(w: dict, cfg, pad: int):
+def build_decoder(w: dict, cfg, pad: int, bos: int, eos: int):
     """decoder.onnx: one step (see the module docstring)."""
     g = _Graph(cfg, pad)
     step = g.op("Gather", g.op("Shape", "self_k_0"), g.const("time_axis", np.array(2, dtype=np.int64)))
     pos = g.op("Gather", g.const("tgt_pos", w["tgt_pos"]), step)  # (D,): position T
-    x = _embed(g, "tokens", w["tgt_embed"], "tgt_embed", pos)  # (N, 1, D)
+    tokens = "tokens"
+    if cfg.decoder_start == "eos":  # (fairseq) <s> is read as </s>, as Transformer._start does
+        tokens = g.op("Where", g.op("Equal", tokens, g.const("bos", np.array(bos, dtype=np.int64))),
+                      g.const("eos", np.array(eos, dtype=np.int64)), tokens)
+    x = _embed(g, tokens, w["tgt_embed"], "tgt_embed", pos)  # (N, 1, D)
     rows = g.op("Slice", g.op("Shape", "cross_k_0"), g.ints(0), g.ints(1))  # (1,) M
     group_shape = g.op("Concat", rows, g.ints(-1, g.h, g.dk), axis=0)  # (M, g, h, d_k)
     for i, lw in enumerate(w["dec"]):
@@ -368,7 +411,7 @@ def prepare(model, src_tokens: list[str], tgt_tokens: list[str]) -> Prepared:
     check_representable(model.cfg)
     pad, bos, eos = 0, 1, 2  # docs/internals.md: the Dictionary's reserved ids
     w = weights(model)
-    return Prepared(build_encoder(w, model.cfg, pad), build_decoder(w, model.cfg, pad), reference(model, pad, bos, eos))
+    return Prepared(build_encoder(w, model.cfg, pad), build_decoder(w, model.cfg, pad, bos, eos), reference(model, pad, bos, eos))
 
 
 def quantize(folder: Path) -> None:
