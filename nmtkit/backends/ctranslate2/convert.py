@@ -61,6 +61,8 @@ HANDLED_FIELDS = frozenset({
     "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "normalize_before",
     "learned_pos", "share_embeddings", "max_source_positions", "max_target_positions",
     "activation", "attention_bias",
+    # imported models: the sinusoid table is written as it is; fairseq's decoding from </s>
+    "sinusoid", "decoder_start",
     # training-only: no effect on the exported weights or on inference
     "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
 })
@@ -224,7 +226,9 @@ def build_spec(model, src_tokens: list[str], tgt_tokens: list[str]):
     spec = transformer_spec.TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.add_source_eos = True  # source = tokens + </s>
-    spec.config.decoder_start_token = "<s>"  # decoder input = <s> + tokens
+    # decoder input = <s> + tokens; </s> + tokens for fairseq's models (`decoder_start`), as
+    # CTranslate2's own fairseq converter sets it
+    spec.config.decoder_start_token = "</s>" if cfg.decoder_start == "eos" else "<s>"
     spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
     spec.register_source_vocabulary(list(src_tokens))
     spec.register_target_vocabulary(list(tgt_tokens))
