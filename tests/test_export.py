@@ -760,29 +760,3 @@ def test_a_failed_rename_puts_the_earlier_export_back(tmp_path, monkeypatch):
         (tmp / "model.bin").write_bytes(b"x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and (out / "nmtkit.json").read_text() == "{}"
 
-
-@pytest.mark.parametrize("fixture", ["a", "b", "c"])
-def test_an_imported_fairseq_model_exported_to_ctranslate2_gives_fairseq_generates_hypotheses(fixture, tmp_path):
-    """fairseq 0.12.2's own checkpoints (tests/golden/fairseq: post-norm with shared embeddings,
-    pre-norm with learned positions and Moses, GELU), imported and exported: CTranslate2 starts
-    the decoder from </s> as fairseq does and gives fairseq-generate's 40 hypotheses, token for
-    token, with its scores (to 1e-4 in base 2)."""
-    import math
-
-    from nmtkit import Translator
-    from nmtkit.backends.export import ExportOptions, export
-    from tests.test_fairseq_import import FAIRSEQ_SEARCH, GOLDEN, fairseq_hypotheses, run_import
-
-    flags = {"b": dict(bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"), tokenizer="moses",
-                       moses_source_lang="en", moses_target_lang="en")}.get(
-        fixture, dict(bpe="sentencepiece", sentencepiece_model=str(GOLDEN / fixture / "spm.model")))
-    ckpt, data = run_import(tmp_path, fixture, **flags)
-    export(ExportOptions(data_dir=str(data), path=str(ckpt), output=str(tmp_path / "ct2")))
-    tr = Translator.load(tmp_path / "ct2", **FAIRSEQ_SEARCH)
-    assert tr.engine.name == "ctranslate2"
-    sources = (GOLDEN / fixture / "test.src").read_text(encoding="utf-8").splitlines()
-    want = fairseq_hypotheses(GOLDEN / fixture / "generate.out")
-    best = [nbest[0] for nbest in tr.translate_nbest(sources)]
-    assert [" ".join(t.pieces) for t in best] == [want[i][1] for i in range(len(sources))]
-    for i, t in enumerate(best):
-        assert t.score / math.log(2) == pytest.approx(want[i][0], abs=1e-4)

@@ -37,9 +37,18 @@ def run_import(tmp_path: Path, fixture: str, **flags) -> tuple[Path, Path]:
     return out, data
 
 
-def check_against_fairseq(tmp_path: Path, fixture: str, **flags) -> tuple[Translator, list[str], dict]:
-    out, data = run_import(tmp_path, fixture, **flags)
-    tr = Translator.load(out, data, device="cpu", **FAIRSEQ_SEARCH)
+# import-fairseq's flags for each fixture (its subword model and, for b, Moses)
+FIXTURE_FLAGS = {
+    "a": dict(bpe="sentencepiece", sentencepiece_model=str(GOLDEN / "a" / "spm.model")),
+    "b": dict(bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"), tokenizer="moses",
+              moses_source_lang="en", moses_target_lang="en"),
+    "c": dict(bpe="sentencepiece", sentencepiece_model=str(GOLDEN / "c" / "spm.model")),
+}
+
+
+def assert_fairseq_output(tr: Translator, fixture: str) -> tuple[list[str], dict]:
+    """`tr` (on the imported model or an export of it) gives fairseq-generate's hypotheses for the
+    fixture's raw test sentences, token for token, with its scores; -> the texts and fairseq's."""
     sources = (GOLDEN / fixture / "test.src").read_text(encoding="utf-8").splitlines()
     best = [nbest[0] for nbest in tr.translate_nbest(sources)]
     want = fairseq_hypotheses(GOLDEN / fixture / "generate.out")
@@ -47,13 +56,18 @@ def check_against_fairseq(tmp_path: Path, fixture: str, **flags) -> tuple[Transl
     assert [" ".join(t.pieces) for t in best] == [want[i][1] for i in range(len(sources))]
     for i, t in enumerate(best):  # fairseq prints log2-probabilities / |Y|^lenpen
         assert t.score / math.log(2) == pytest.approx(want[i][0], abs=1e-4)
-    return tr, [t.text for t in best], want
+    return [t.text for t in best], want
+
+
+def check_against_fairseq(tmp_path: Path, fixture: str) -> tuple[Translator, list[str], dict]:
+    out, data = run_import(tmp_path, fixture, **FIXTURE_FLAGS[fixture])
+    tr = Translator.load(out, data, device="cpu", **FAIRSEQ_SEARCH)
+    return (tr, *assert_fairseq_output(tr, fixture))
 
 
 def test_post_norm_shared_embeddings_sentencepiece(tmp_path):
     """`transformer`, --share-all-embeddings, a joined dictionary, sentencepiece: raw text in."""
-    tr, texts, want = check_against_fairseq(tmp_path, "a", bpe="sentencepiece",
-                                            sentencepiece_model=str(GOLDEN / "a" / "spm.model"))
+    tr, texts, want = check_against_fairseq(tmp_path, "a")
     assert tr.model_source.manifest["dictionaries"]["joined"] is True
     assert texts[0] == want[0][1].replace(" ", "").replace("\u2581", " ").strip()
 
@@ -64,8 +78,7 @@ def test_pre_norm_separate_dictionaries_moses_subword_nmt(tmp_path):
     detokenized text out."""
     from sacremoses import MosesDetokenizer
 
-    tr, texts, want = check_against_fairseq(tmp_path, "b", bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"),
-                                            tokenizer="moses", moses_source_lang="en", moses_target_lang="en")
+    tr, texts, want = check_against_fairseq(tmp_path, "b")
     cfg = torch.load(tmp_path / "b.pt", weights_only=True)["arch_config"]
     assert cfg["normalize_before"] and cfg["learned_pos"] and cfg["share_embeddings"] == "none"
     assert tr.model_source.manifest["dictionaries"]["joined"] is False
@@ -77,11 +90,27 @@ def test_pre_norm_separate_dictionaries_moses_subword_nmt(tmp_path):
 def test_gelu_and_decoder_only_tied_embeddings(tmp_path):
     """`transformer_iwslt_de_en` with --activation-fn gelu (torch's exact GELU in fairseq, as in
     nmtkit), separate dictionaries and --share-decoder-input-output-embed."""
-    tr, texts, want = check_against_fairseq(tmp_path, "c", bpe="sentencepiece",
-                                            sentencepiece_model=str(GOLDEN / "c" / "spm.model"))
+    tr, texts, want = check_against_fairseq(tmp_path, "c")
     cfg = torch.load(tmp_path / "c.pt", weights_only=True)["arch_config"]
     assert cfg["activation"] == "gelu" and cfg["share_embeddings"] == "decoder" and not cfg["normalize_before"]
     assert tr.model_source.manifest["dictionaries"]["joined"] is False
+
+
+@pytest.mark.parametrize("fmt,fixture", [("ctranslate2", "a"), ("ctranslate2", "b"), ("ctranslate2", "c"),
+                                         ("onnx", "a"), ("onnx", "b"), ("onnx", "c")])
+def test_an_imported_model_exported_gives_fairseq_generates_hypotheses(fmt, fixture, tmp_path):
+    """Imported, then `nmtkit export`ed: CTranslate2 (its decoder started from </s>, as its own
+    fairseq converter does) and ONNX Runtime under the numpy search (attention biases, fairseq's
+    sinusoids, </s> first, GELU in the graphs) give fairseq-generate's hypotheses and scores."""
+    pytest.importorskip({"ctranslate2": "ctranslate2", "onnx": "onnxruntime"}[fmt],
+                        reason=f"the {fmt} extra is not installed: pip install 'nmtkit[{fmt}]'")
+    from nmtkit.backends.export import ExportOptions, export
+
+    ckpt, data = run_import(tmp_path, fixture, **FIXTURE_FLAGS[fixture])
+    export(ExportOptions(data_dir=str(data), path=str(ckpt), output=str(tmp_path / "export"), format=fmt))
+    tr = Translator.load(tmp_path / "export", **FAIRSEQ_SEARCH)
+    assert tr.engine.name == fmt
+    assert_fairseq_output(tr, fixture)
 
 
 def test_legacy_fused_projections_give_the_same_weights():
@@ -187,8 +216,7 @@ def test_preprocess_with_an_imported_moses_directory_moses_tokenizes_the_new_tex
     from nmtkit.data.shards import load_split
     from nmtkit.data.subwords import SubwordNmtModel, load_subword_model
 
-    _, data = run_import(tmp_path, "b", bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"),
-                         tokenizer="moses", moses_source_lang="en", moses_target_lang="en")
+    _, data = run_import(tmp_path, "b", **FIXTURE_FLAGS["b"])
     text = (GOLDEN / "b" / "test.src").read_text(encoding="utf-8").splitlines()
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -211,7 +239,7 @@ def test_preprocess_with_an_imported_moses_directory_moses_tokenizes_the_new_tex
     assert sum(imported.encode(x) != untokenized.encode(x) for x in text) > 10  # Moses matters for this text
     assert load_subword_model(new, "src").encode(text[0]) == imported.encode(text[0])
 
-    _, plain = run_import(tmp_path / "a", "a", bpe="sentencepiece", sentencepiece_model=str(GOLDEN / "a" / "spm.model"))
+    _, plain = run_import(tmp_path / "a", "a", **FIXTURE_FLAGS["a"])
     with pytest.raises(UserError, match=r"--srcdict .* Moses-tokenizes text before its subword model and --tgtdict "):
         preprocess(cfg(tmp_path / "mixed", plain))
     assert not (tmp_path / "mixed").exists()

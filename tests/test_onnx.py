@@ -347,29 +347,3 @@ def test_a_parsing_export_gives_native_trees(tmp_path, run_cli):
     assert mine.out.startswith("(TOP (NP (NP ")  # the favoured brackets, repaired
     assert Translator.load(out, threads=1).search.max_len_b == 300
 
-
-@pytest.mark.parametrize("fixture", ["b", "c"])
-def test_an_imported_fairseq_model_exported_to_onnx_gives_fairseq_generates_hypotheses(fixture, tmp_path):
-    """fairseq 0.12.2's own checkpoints (tests/golden/fairseq: b pre-norm with learned positions,
-    Moses and subword-nmt; c GELU), imported and exported to ONNX: from the raw test sentences,
-    ONNX Runtime under the numpy search gives fairseq-generate's 40 hypotheses, token for token,
-    with its scores (to 1e-4 in base 2)."""
-    import math
-
-    from nmtkit import Translator
-    from nmtkit.backends.export import ExportOptions, export
-    from tests.test_fairseq_import import FAIRSEQ_SEARCH, GOLDEN, fairseq_hypotheses, run_import
-
-    flags = {"b": dict(bpe="subword_nmt", bpe_codes=str(GOLDEN / "b" / "bpecodes"), tokenizer="moses",
-                       moses_source_lang="en", moses_target_lang="en"),
-             "c": dict(bpe="sentencepiece", sentencepiece_model=str(GOLDEN / "c" / "spm.model"))}[fixture]
-    ckpt, data = run_import(tmp_path, fixture, **flags)
-    export(ExportOptions(data_dir=str(data), path=str(ckpt), output=str(tmp_path / "onnx"), format="onnx"))
-    tr = Translator.load(tmp_path / "onnx", threads=1, **FAIRSEQ_SEARCH)
-    assert tr.engine.name == "onnx"
-    sources = (GOLDEN / fixture / "test.src").read_text(encoding="utf-8").splitlines()
-    want = fairseq_hypotheses(GOLDEN / fixture / "generate.out")
-    best = [nbest[0] for nbest in tr.translate_nbest(sources)]
-    assert [" ".join(t.pieces) for t in best] == [want[i][1] for i in range(len(sources))]
-    for i, t in enumerate(best):
-        assert t.score / math.log(2) == pytest.approx(want[i][0], abs=1e-4)

@@ -41,9 +41,19 @@ def inverse(perm: Tensor) -> Tensor:
     return out
 
 
-def _attention_names(prefix: str, cross: bool) -> tuple[str, str]:
-    return (f"{prefix}encoder_attn" if cross else f"{prefix}self_attn"), \
-           (f"{prefix}encoder_attn_layer_norm" if cross else f"{prefix}self_attn_layer_norm")
+def _layers(cfg):
+    """Every layer's pieces as (kind, nmtkit name, MarianMT name), kind being self_attn,
+    cross_attn, norm or ffn: the one walk both directions take."""
+    for side, n in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
+        for i in range(n):
+            ours, theirs = f"{side}_layers.{i}", f"model.{side}.layers.{i}"
+            yield "self_attn", f"{ours}.self_attn", f"{theirs}.self_attn"
+            yield "norm", f"{ours}.self_attn_norm", f"{theirs}.self_attn_layer_norm"
+            if side == "decoder":
+                yield "cross_attn", f"{ours}.cross_attn", f"{theirs}.encoder_attn"
+                yield "norm", f"{ours}.cross_attn_norm", f"{theirs}.encoder_attn_layer_norm"
+            yield "ffn", ours, theirs
+            yield "norm", f"{ours}.ffn_norm", f"{theirs}.final_layer_norm"
 
 
 def to_marian(sd: dict[str, Tensor], cfg, d_model: int) -> dict[str, Tensor]:
@@ -83,17 +93,14 @@ def to_marian(sd: dict[str, Tensor], cfg, d_model: int) -> dict[str, Tensor]:
             linear(f"{dst}.{name}", w, b, cols)
         linear(f"{dst}.out_proj", sd[f"{src}.out_proj.weight"], sd.get(f"{src}.out_proj.bias"), rows)
 
-    for side, n in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
-        for i in range(n):
-            src, dst = f"{side}_layers.{i}", f"model.{side}.layers.{i}"
-            attention(f"{src}.self_attn", f"{dst}.self_attn", True)
-            norm(f"{dst}.self_attn_layer_norm", f"{src}.self_attn_norm")
-            if side == "decoder":
-                attention(f"{src}.cross_attn", f"{dst}.encoder_attn", False)
-                norm(f"{dst}.encoder_attn_layer_norm", f"{src}.cross_attn_norm")
-            linear(f"{dst}.fc1", sd[f"{src}.ffn.fc1.weight"], sd[f"{src}.ffn.fc1.bias"], cols)
-            linear(f"{dst}.fc2", sd[f"{src}.ffn.fc2.weight"], sd[f"{src}.ffn.fc2.bias"], rows)
-            norm(f"{dst}.final_layer_norm", f"{src}.ffn_norm")
+    for kind, ours, theirs in _layers(cfg):
+        if kind == "norm":
+            norm(theirs, ours)
+        elif kind == "ffn":
+            linear(f"{theirs}.fc1", sd[f"{ours}.ffn.fc1.weight"], sd[f"{ours}.ffn.fc1.bias"], cols)
+            linear(f"{theirs}.fc2", sd[f"{ours}.ffn.fc2.weight"], sd[f"{ours}.ffn.fc2.bias"], rows)
+        else:
+            attention(ours, theirs, kind == "self_attn")
     return out
 
 
@@ -131,15 +138,12 @@ def from_marian(sd: dict[str, Tensor], cfg, d_model: int) -> dict[str, Tensor]:
     def norm(dst: str, src: str) -> None:
         out[f"{dst}.weight"], out[f"{dst}.bias"] = rows(sd[f"{src}.weight"]), rows(sd[f"{src}.bias"])
 
-    for side, n in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
-        for i in range(n):
-            dst, src = f"{side}_layers.{i}", f"model.{side}.layers.{i}"
-            attention(f"{src}.self_attn", f"{dst}.self_attn", True)
-            norm(f"{dst}.self_attn_norm", f"{src}.self_attn_layer_norm")
-            if side == "decoder":
-                attention(f"{src}.encoder_attn", f"{dst}.cross_attn", False)
-                norm(f"{dst}.cross_attn_norm", f"{src}.encoder_attn_layer_norm")
-            out[f"{dst}.ffn.fc1.weight"], out[f"{dst}.ffn.fc1.bias"] = cols(sd[f"{src}.fc1.weight"]), sd[f"{src}.fc1.bias"].clone()
-            out[f"{dst}.ffn.fc2.weight"], out[f"{dst}.ffn.fc2.bias"] = rows(sd[f"{src}.fc2.weight"]), rows(sd[f"{src}.fc2.bias"])
-            norm(f"{dst}.ffn_norm", f"{src}.final_layer_norm")
+    for kind, ours, theirs in _layers(cfg):
+        if kind == "norm":
+            norm(ours, theirs)
+        elif kind == "ffn":
+            out[f"{ours}.ffn.fc1.weight"], out[f"{ours}.ffn.fc1.bias"] = cols(sd[f"{theirs}.fc1.weight"]), sd[f"{theirs}.fc1.bias"].clone()
+            out[f"{ours}.ffn.fc2.weight"], out[f"{ours}.ffn.fc2.bias"] = rows(sd[f"{theirs}.fc2.weight"]), rows(sd[f"{theirs}.fc2.bias"])
+        else:
+            attention(theirs, ours, kind == "self_attn")
     return out
