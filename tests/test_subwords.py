@@ -332,3 +332,20 @@ def test_preprocess_refuses_codes_without_merges(tmp_path, run_cli):
         assert r.code == 2, r
         assert r.err.strip().splitlines()[-1] == f"nmtkit: error: --bpe-merges {merges}: {why}"
         assert not (tmp_path / "bin" / "manifest.json").exists()
+
+
+def test_moses_before_sentencepiece_gives_the_same_pieces_by_ids_and_by_strings():
+    """Behind Moses, preprocess's id path (`encode_ids`) and generation's string path (`encode`)
+    segment alike: the ids name the pieces `encode` gives, and both see the tokenized text
+    (`&` escaped, the final period split off), not the raw one."""
+    from nmtkit.data.subwords import MosesPretokenized
+
+    inner = SentencePieceModel(Path(__file__).parent / "golden" / "fairseq" / "a" / "spm.model")
+    moses = MosesPretokenized(inner, "en")
+    lines = ["Pipisu & texuxu, supira.", "rate-mo su tesu!"]
+    pieces = inner.pieces()
+    known = lambda toks: [t if t in pieces else "<unk>" for t in toks]  # noqa: E731 (id 0 names no character)
+    by_ids = [[pieces[i] for i in ids] for ids in moses.encode_ids(lines)]
+    assert by_ids == [known(moses.encode(x)) for x in lines]
+    assert by_ids == [known(inner.encode("Pipisu &amp; texuxu , supira .")), known(inner.encode("rate @-@ mo su tesu !"))]
+    assert by_ids[0] != known(inner.encode(lines[0]))
