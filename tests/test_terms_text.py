@@ -223,3 +223,13 @@ def test_avoid_blocks_every_subword_nmt_spelling():
     assert every("ab c") == {("ab", "c"), ("a@@", "b", "c")}
     assert every("abc") == {("ab@@", "c"), ("a@@", "bc"), ("a@@", "b@@", "c")}
     assert TermMaker(Words(), d).make(None, ["zz"], None, False, "s") is None  # no spelling: nothing to block
+
+
+    class MosesWords(Words):  # a data directory with a Moses step before its subword model
+        def tokenize(self, text):
+            return text.replace(".", " .")
+
+    assert TermMaker(MosesWords(), d).make(None, ["ab."], None, False, "s") is None  # no "." piece yet
+    d.add_symbol(".")
+    (graph,) = TermMaker(MosesWords(), d).make(None, ["ab."], None, False, "s").avoid
+    assert {tuple(d.string(ids)) for ids in spellings(graph)} == {("ab", "."), ("a@@", "b", ".")}

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nmtkit.data.subwords import BPE_SEPARATOR
 from nmtkit.errors import UserError
 from nmtkit.search.config import Avoided, Terms
-
-BPE_JOINER = "@@"  # subword-nmt's mark of a piece continued by the next
 
 
 class TermMaker:
@@ -75,7 +74,9 @@ class TermMaker:
         if kind == "sentencepiece":  # one string: the pieces joined, word starts marked by ▁
             words = ["".join(self.subword.encode(text))]
         elif kind == "subword-nmt":  # each word on its own; every piece but a word's last ends in @@
-            words = text.split()
+            # the words as the subword model sees them: after the data directory's Moses step, if
+            # it has one (`station's` -> `station &apos;s`)
+            words = getattr(self.subword, "tokenize", lambda line: line)(text).split()
         else:
             ids = self.dict.encode(self.subword.encode(text))
             return None if any(i == self.dict.unk for i in ids) else Avoided.sequence(ids)
@@ -83,7 +84,7 @@ class TermMaker:
         for w in words:
             for i in range(len(w)):
                 for j in range(i + 1, len(w) + 1):
-                    sym = w[i:j] if kind == "sentencepiece" or j == len(w) else w[i:j] + BPE_JOINER
+                    sym = w[i:j] if kind == "sentencepiece" or j == len(w) else w[i:j] + BPE_SEPARATOR
                     v = self.dict.index(sym)
                     if v > self.dict.unk:  # in the dictionary, not a special symbol
                         edges.append((offset + i, offset + j, int(v)))
