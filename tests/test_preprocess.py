@@ -766,6 +766,9 @@ def test_the_record_of_checked_files_spares_hashing_and_misses_no_rewrite(tmp_pa
     (d / M.VERIFIED_NAME).unlink()
     assert check() == sorted(m["files"])  # no record: hashed, then recorded
     assert check() == []  # recorded and unchanged: none hashed
+    os.utime(d / M.VERIFIED_NAME, ns=(old + M.RACY_NS // 2,) * 2)  # a record written just after the files
+    assert check() == sorted(m["files"])  # racy: hashed, and the record written anew
+    assert check() == []  # so once, not at every run
     shard = d / "train.en.000.bin"
     data = bytearray(shard.read_bytes())
     data[0] ^= 1

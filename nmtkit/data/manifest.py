@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 from nmtkit.data.install import FORMAT_NAME, MANIFEST_NAME, VERIFIED_NAME, interrupted_install_hint
@@ -158,15 +159,16 @@ def remember_verified(data_dir: str | os.PathLike, files: dict[str, str]) -> Non
     d = Path(data_dir)
     if not (d / MANIFEST_NAME).is_file():
         return  # an export directory checks its copies against its own description: no record there
-    before, _ = _read_record(d)
+    before, written = _read_record(d)
     rec = dict(before)
     for name, sha in files.items():
         try:
             rec[name] = [*_stat(d / name), sha]
         except OSError:
             rec.pop(name, None)
-    if rec == before:
-        return  # nothing new: the record (and its time) stays as it is
+    now = time.time_ns()
+    if rec == before and not any(written < e[1] + RACY_NS <= now for e in (rec[n] for n in files if n in rec)):
+        return  # nothing new, and a record written now would trust no entry it does not already trust
     try:
         with atomic_write(d / VERIFIED_NAME, "w") as fh:
             json.dump(rec, fh, sort_keys=True)
@@ -188,7 +190,7 @@ def verify_files(data_dir: str | os.PathLike, manifest: dict | None = None, name
     m = _manifest(data_dir, manifest)
     files = m["files"]
     d = Path(data_dir)
-    record = _verified_record(d)
+    record = None  # read when a file is not yet checked in this process
     hashed: dict[str, str] = {}
     for name in files if names is None else names:
         p = d / name
@@ -200,6 +202,8 @@ def verify_files(data_dir: str | os.PathLike, manifest: dict | None = None, name
         key = (os.path.realpath(p), *stat, files[name])
         if key in _VERIFIED:
             continue
+        if record is None:
+            record = _verified_record(d)
         if record.get(name) != [*stat, files[name]]:
             if sha256_file(p) != files[name]:
                 raise UserError(f"{p}: checksum mismatch with {MANIFEST_NAME} (corrupt or modified file)")
