@@ -782,3 +782,24 @@ def test_the_record_of_checked_files_spares_hashing_and_misses_no_rewrite(tmp_pa
     with pytest.raises(UserError, match=r"train\.en\.000\.bin: checksum mismatch"):
         check(["train.en.000.bin"])
     assert check(["train.de.000.bin"]) == []  # the other files are still trusted
+
+
+def test_installed_data_directories_get_the_usual_permissions(tmp_path):
+    """The temporary build directory (mkdtemp: 0700) and files made by mkstemp (0600) become the
+    umask's permissions when installed, for every writer of data directories (preprocess and
+    the importers)."""
+    import os
+    import stat
+    import tempfile
+
+    from nmtkit.data import install
+
+    dest = tmp_path / "d"
+    tmp = install.temp_dir(dest)
+    fd, name = tempfile.mkstemp(dir=tmp)
+    os.close(fd)
+    install.install(tmp, dest, None)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((dest / Path(name).name).stat().st_mode) == 0o666 & ~mask

@@ -188,10 +188,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _apply_umask(tmp: Path) -> None:
+    """mkdtemp/mkstemp create private (0700/0600) entries; give the result the usual permissions."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)
+    for p in tmp.iterdir():
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def install(tmp: Path, dest: Path, owned: set[str] | None) -> None:
-    """Put the finished `tmp` at `dest`. An existing `dest` must hold only the dataset `owned`
+    """Put the finished `tmp` at `dest`, with the usual permissions (the umask's, not the
+    private ones of a temporary directory). An existing `dest` must hold only the dataset `owned`
     names (checked again here, just before the swap); it is swapped out atomically and deleted
     once the new one is in place."""
+    _apply_umask(tmp)
     dest = _real(dest)
     if not dest.exists():
         os.rename(tmp, dest)

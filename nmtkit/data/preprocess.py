@@ -462,15 +462,6 @@ def _check_destination(dest: Path, inputs: dict[str, tuple[str, dict[str, Path]]
         raise UserError(f"--destdir {dest} is not empty and holds no complete nmtkit dataset ({e}); {hint}") from None
 
 
-def _apply_umask(tmp: Path) -> None:
-    """mkdtemp/mkstemp create private (0700/0600) entries; give the result the usual permissions."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)
-    for p in tmp.iterdir():
-        os.chmod(p, 0o666 & ~mask)
-
-
 def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], None] | None = None) -> PreprocessResult:
     """Build (or find up to date) the data directory `cfg.destdir`. See module docstring."""
     log = log or (lambda msg: None)
@@ -504,7 +495,6 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         _add_run_entries(cfg, tmp, dest, manifest, fingerprint, inputs_json)
         write_manifest(tmp, manifest)  # last: its presence marks the directory complete
         remember_verified(tmp, manifest["files"])  # their sha256s were computed from what was written
-        _apply_umask(tmp)
         install.install(tmp, dest, owned)
     except BaseException:
         install.remove_temp_dir(tmp)

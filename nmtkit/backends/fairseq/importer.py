@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,11 +275,6 @@ def _write_data_dir(opts: ImportOptions, src: str, tgt: str, src_dict: Dictionar
             "imported_from": {"format": "fairseq", "checkpoint": Path(opts.checkpoint).name},
         }
         write_manifest(tmp, manifest)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o777 & ~mask)
-        for p in tmp.iterdir():
-            os.chmod(p, 0o666 & ~mask)
         install.install(tmp, dest, owned)
     except BaseException:
         install.remove_temp_dir(tmp)
