@@ -155,6 +155,14 @@ def test_unsupported_models_are_refused_naming_the_arch(change, message):
         convert.arch_config({**args, **change}, "ckpt.pt")
 
 
+def test_label_smoothing_of_zero_is_kept():
+    """A recorded 0.0 is the model's label smoothing (it was read as 'not given' and became 0.1)."""
+    state = unpickle.load(GOLDEN / "a" / "checkpoint.pt")
+    args = convert.model_args({"cfg": unpickle.plain(state["cfg"])})
+    assert convert.arch_config({**args, "label_smoothing": 0.0}, "ckpt.pt").label_smoothing == 0.0
+    assert convert.arch_config({**args, "label_smoothing": None}, "ckpt.pt").label_smoothing == 0.1
+
+
 def test_refusals_write_nothing(tmp_path):
     a = GOLDEN / "a"
     common = dict(checkpoint=str(a / "checkpoint.pt"), output=str(tmp_path / "x.pt"), data_dir=str(tmp_path / "d"))

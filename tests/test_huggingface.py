@@ -488,3 +488,16 @@ def test_fairseq_model_settings_are_refused_by_the_export(field, value, message)
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
         check_representable(ArchConfig(**{field: value}))
     check_representable(ArchConfig())  # the paper's model exports
+
+
+def test_a_config_without_a_decoder_start_id_starts_from_pad(tmp_path):
+    """transformers starts from pad_token_id when decoder_start_token_id is missing or null; the
+    import reads both cases alike (a missing key was refused as 'got None')."""
+    from nmtkit.backends.huggingface.importer import vocabulary_order
+
+    vocab = ["</s>", "<unk>", "a", "b", "<pad>"]
+    base = {"pad_token_id": 4, "eos_token_id": 0}
+    where = tmp_path / "config.json"
+    want = vocabulary_order(vocab, {**base, "decoder_start_token_id": 4}, where, source=False)
+    assert vocabulary_order(vocab, base, where, source=False) == want
+    assert vocabulary_order(vocab, {**base, "decoder_start_token_id": None}, where, source=False) == want

@@ -113,7 +113,7 @@ def arch_config(args: dict[str, Any], where: str) -> ArchConfig:
         normalize_before=bool(a["encoder_normalize_before"]), learned_pos=bool(a["encoder_learned_pos"]),
         share_embeddings=share, max_source_positions=int(a["max_source_positions"]),
         max_target_positions=int(a["max_target_positions"]), sinusoid="fairseq", attention_bias=True,
-        decoder_start="eos", label_smoothing=float(a.get("label_smoothing") or 0.1),
+        decoder_start="eos", label_smoothing=0.1 if a.get("label_smoothing") is None else float(a["label_smoothing"]),
         activation=_ACTIVATIONS[activation],
     ).validate()
 

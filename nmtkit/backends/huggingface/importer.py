@@ -191,8 +191,7 @@ def vocabulary_order(vocab: list[str | None], config: dict, where: Path, source:
 
     pad = _special(config, "pad_token_id", where)
     eos = _special(config, "eos_token_id", where)
-    start = config.get("decoder_start_token_id", pad)
-    start = _special(config, "decoder_start_token_id", where) if start is not None else pad
+    start = pad if config.get("decoder_start_token_id") is None else _special(config, "decoder_start_token_id", where)
     if source:
         pad = vocab.index("<pad>") if "<pad>" in vocab else pad
         eos = vocab.index("</s>") if "</s>" in vocab else eos
