@@ -269,16 +269,17 @@ class ArchFieldSpec:
     help: str
 
 
-def first_unhandled(cfg: ArchConfig, handled: frozenset[str]) -> tuple[str, object] | None:
-    """(flag, value) of the first setting outside `handled` that differs from its default, else
-    None. For converters to other formats: a field added to the model later is refused until the
-    converter learns it, so that an export never silently drops a setting that changes outputs."""
+def refuse_unhandled(cfg: ArchConfig, handled: frozenset[str], runtime: str) -> None:
+    """One-line UserError for the first setting outside `handled` that differs from its default.
+    For converters to other formats (`runtime` names the export): a field added to the model later
+    is refused until the converter learns it, so that an export never silently drops a setting
+    that changes outputs."""
     default = type(cfg)()  # (a later version of the config in tests)
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if f.name not in handled and value != getattr(default, f.name):
-            return _flag(f.name), value
-    return None
+            raise UserError(f"{_flag(f.name)} {value}: the {runtime} export does not represent this setting "
+                            "(only its default); translate with the checkpoint and its data directory")
 
 
 def arch_field_specs() -> list[ArchFieldSpec]:

@@ -74,13 +74,9 @@ def check_representable(cfg) -> None:
     Every field of today's `ArchConfig` maps onto the spec (d_k != d_v included, see `_heads`);
     this guards fields added later.
     """
-    from nmtkit.models.registry import first_unhandled
+    from nmtkit.models.registry import refuse_unhandled
 
-    unhandled = first_unhandled(cfg, HANDLED_FIELDS)
-    if unhandled is not None:
-        flag, value = unhandled
-        raise UserError(f"{flag} {value}: the CTranslate2 export does not represent this setting "
-                        "(only its default); translate with the checkpoint and its data directory")
+    refuse_unhandled(cfg, HANDLED_FIELDS, "CTranslate2")
 
 
 def _np(t) -> np.ndarray:

@@ -48,8 +48,21 @@ def import_runtime():
     return transformers
 
 
+# ArchConfig fields the export writes (those with MarianMT's limits are checked below); a field
+# added later is refused unless it has its default value, until the export learns it
+HANDLED_FIELDS = frozenset({
+    "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "normalize_before",
+    "learned_pos", "share_embeddings", "max_source_positions", "max_target_positions",
+    "activation", "attention_bias", "sinusoid", "decoder_start",
+    "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
+})
+
+
 def check_representable(cfg) -> None:
     """Refuse, in one line naming the setting, an architecture that MarianMT cannot express."""
+    from nmtkit.models.registry import refuse_unhandled
+
+    refuse_unhandled(cfg, HANDLED_FIELDS, "Hugging Face")
     why = None
     if cfg.normalize_before:
         why = "--normalize-before: MarianMT is post-norm only"

@@ -86,13 +86,9 @@ def import_runtime():
 def check_representable(cfg) -> None:
     """Refuse, in one line naming the setting, an architecture the graphs cannot express (an
     `ArchConfig` field added later, unless it has its default value)."""
-    from nmtkit.models.registry import first_unhandled
+    from nmtkit.models.registry import refuse_unhandled
 
-    unhandled = first_unhandled(cfg, HANDLED_FIELDS)
-    if unhandled is not None:
-        flag, value = unhandled
-        raise UserError(f"{flag} {value}: the ONNX export does not represent this setting "
-                        "(only its default); translate with the checkpoint and its data directory")
+    refuse_unhandled(cfg, HANDLED_FIELDS, "ONNX")
 
 
 # ---- the weights, as numpy ------------------------------------------------------------------------
