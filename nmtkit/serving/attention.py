@@ -39,21 +39,24 @@ def attention_call(req: AttentionRequest):
     """What the batcher's worker runs: the translator's attention for `req`, as the answer's
     dict. UserError (an empty sentence, a layer or head out of range, an engine without attention
     weights) reaches the handler, which answers 400."""
+    import numpy as np
+
     from nmtkit.errors import UserError
 
     def call(translator: Any) -> dict:
-        att = translator.attention(req.text, req.target)
-        cross = att.cross  # (layers, heads, T, S)
-        layers, heads = int(cross.shape[0]), int(cross.shape[1])
+        # the ranges first, so that a bad request costs no pass through the model
+        layers, heads = translator.engine.layers("cross"), translator.engine.heads("cross")
         if not -layers <= req.layer < layers:
             raise UserError(f'"layer" {req.layer} is out of range: the model has {layers} layers (0-based)')
         if req.head is not None and not 0 <= req.head < heads:
             raise UserError(f'"head" {req.head} is out of range: the model has {heads} heads (0-based)')
+        att = translator.attention(req.text, req.target)
+        cross = att.cross  # (layers, heads, T, S)
         layer = req.layer % layers
         w = cross[layer].mean(axis=0) if req.head is None else cross[layer, req.head]  # (T, S)
         return {"source_tokens": att.source_tokens, "target_tokens": att.target_tokens,
                 "layer": layer, "head": req.head, "layers": layers, "heads": heads,
-                "weights": [[round(float(x), 4) for x in row] for row in w],
+                "weights": np.round(w.astype(np.float64), 4).tolist(),
                 "score": att.score.score, "target_given": att.target_given}
 
     return call
