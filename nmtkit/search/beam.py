@@ -408,7 +408,7 @@ def _beam_scores(
     lprobs = ens.step(st.tokens[:, t : t + 1], st.encs, st.caches)  # (N, V)
     _apply_rules(lprobs, t, st.tokens[:, 1 : t + 1], st.row_max_len, st.row_min_len, cfg)
     if terms is not None:
-        terms.mask(lprobs, t, st.tokens[:, 1 : t + 1], st.kc, cfg.eos)
+        terms.mask(lprobs, t, st.kc, cfg.eos)
     eos_lp = lprobs[:, cfg.eos].clone()  # (N,)
     eos_cum = (st.alive.view(-1) + eos_lp).view(st.n_active, st.kc)  # (B', kc)
     lprobs[:, cfg.eos] = -math.inf

@@ -82,8 +82,8 @@ class TermBatch:
 
     # -- masking the log-probs
 
-    def mask(self, lprobs: torch.Tensor, t: int, gen: torch.Tensor, kc: int, eos: int) -> None:
-        """Step t's rules in place on lprobs (N, V); gen (N, t) the tokens so far."""
+    def mask(self, lprobs: torch.Tensor, t: int, kc: int, eos: int) -> None:
+        """Step t's rules in place on lprobs (N, V)."""
         self._ban_avoided(lprobs, kc)
         if self.prefix is not None and t < self.prefix.size(1):
             forced = self.prefix[:, t].repeat_interleave(kc)  # (N,)

@@ -154,8 +154,8 @@ def weights(model) -> dict:
 class _Graph:
     """Nodes and initializers of one graph, with the few layer shapes the model is made of."""
 
-    def __init__(self, cfg, pad: int):
-        self.cfg, self.pad = cfg, pad
+    def __init__(self, cfg):
+        self.cfg = cfg
         self.h, self.dk, self.dv = cfg.heads, cfg.head_dim_k, cfg.head_dim_v
         self.nodes: list = []
         self.inits: list = []
@@ -260,7 +260,7 @@ def _embed(g: _Graph, tokens: str, table: np.ndarray, name: str, positions: str)
 
 def build_encoder(w: dict, cfg, pad: int):
     """encoder.onnx: src_tokens -> src_bias and every decoder layer's cross_k_i / cross_v_i."""
-    g = _Graph(cfg, pad)
+    g = _Graph(cfg)
     length = g.op("Slice", g.op("Shape", "src_tokens"), g.ints(1), g.ints(2))  # (1,) S
     pos = g.op("Slice", g.const("src_pos", w["src_pos"]), g.ints(0), length, g.ints(0))  # (S, D)
     x = _embed(g, "src_tokens", w["src_embed"], "src_embed", pos)  # (B, S, D)
@@ -309,9 +309,9 @@ def _decoder_layer(g: _Graph, x: str, lw: dict, i: int, group_shape: str) -> str
     return g.sublayer(x, lw["ln_ffn"], f"dec.{i}.ln_ffn", lambda y: g.ffn(y, lw, f"dec.{i}"))
 
 
-def build_decoder(w: dict, cfg, pad: int, bos: int, eos: int):
+def build_decoder(w: dict, cfg, bos: int, eos: int):
     """decoder.onnx: one step (see the module docstring)."""
-    g = _Graph(cfg, pad)
+    g = _Graph(cfg)
     step = g.op("Gather", g.op("Shape", "self_k_0"), g.const("time_axis", np.array(2, dtype=np.int64)))
     pos = g.op("Gather", g.const("tgt_pos", w["tgt_pos"]), step)  # (D,): position T
     tokens = "tokens"
@@ -407,7 +407,7 @@ def prepare(model, src_tokens: list[str], tgt_tokens: list[str]) -> Prepared:
     check_representable(model.cfg)
     pad, bos, eos = 0, 1, 2  # docs/internals.md: the Dictionary's reserved ids
     w = weights(model)
-    return Prepared(build_encoder(w, model.cfg, pad), build_decoder(w, model.cfg, pad, bos, eos), reference(model, pad, bos, eos))
+    return Prepared(build_encoder(w, model.cfg, pad), build_decoder(w, model.cfg, bos, eos), reference(model, pad, bos, eos))
 
 
 def quantize(folder: Path) -> None:
