@@ -108,7 +108,7 @@ class GenerateOptions:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.input is not None and self.gen_subset is not None:
             raise UserError("--input and --gen-subset exclude each other (raw text or a binarized split)")
-        for flag, path in (("--input", self.input), ("--avoid", self.avoid), ("--prefix", self.prefix)):
+        for flag, path in (("--avoid", self.avoid), ("--prefix", self.prefix)):
             if path is not None and path != "-" and not Path(path).is_file():
                 raise UserError(f"{flag} {path}: not found" if not Path(path).exists() else f"{flag} {path}: not a file")
         for flag, v in (("--max-tokens", self.max_tokens), ("--batch-size", self.batch_size)):
