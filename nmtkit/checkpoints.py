@@ -43,7 +43,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 from nmtkit.io import atomic_write
 
 FORMAT_VERSION = 1
@@ -155,8 +155,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise UserError(f"{path}: not a safe nmtkit checkpoint (refused by the weights-only loader: "
                         f"{_unpickling_reason(e)})") from None
     except Exception as e:  # noqa: BLE001 - junk bytes make the unpickler fail in many ways
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path}: cannot read checkpoint (corrupt or truncated file?): {msg}") from None
+        raise UserError(f"{path}: cannot read checkpoint (corrupt or truncated file?): {first_line(e)}") from None
     if not isinstance(state, dict) or MAGIC not in state:
         raise UserError(f"{path}: not an nmtkit checkpoint (no '{MAGIC}' marker)")
     version = state[MAGIC]

@@ -12,3 +12,10 @@ class UserError(Exception):
 def count(n: int, noun: str) -> str:
     """`1 line`, `2 lines`: counts in messages agree with their number."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line error quotes of a library's multi-line message."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__

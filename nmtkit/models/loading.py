@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 from nmtkit.models.registry import ArchConfig
 from nmtkit.models.transformer import Transformer
 
@@ -176,8 +176,7 @@ def _load_one(p: str, src_dict, tgt_dict, expected: dict, ema: bool) -> tuple[Tr
         # the checkpoint's own tensors become the parameters: no random init, no copy
         model = Transformer.from_state_dict(cfg, len(src_dict), len(tgt_dict), weights, pad_idx=src_dict.pad)
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise UserError(f"--path {p}: weights do not fit its own architecture config: {first}") from None
+        raise UserError(f"--path {p}: weights do not fit its own architecture config: {first_line(e)}") from None
     return model, cfg
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nmtkit import checkpoints as ck
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 from nmtkit.training import distributed as D
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.ema import EMA
@@ -106,8 +106,7 @@ def restore_finetune(state: dict, objs: TrainingObjects, use_ema: bool, ema_deca
     try:
         objs.model.load_state_dict(weights)
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise UserError(f"{where}: weights do not fit its own architecture config: {first}") from None
+        raise UserError(f"{where}: weights do not fit its own architecture config: {first_line(e)}") from None
     if objs.ema is not None:
         objs.ema = EMA(objs.model, ema_decay)
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 
 DEFAULT_TIMEOUT_S = 300.0  # --ddp-timeout's default (config.py): a few minutes, not torch's 30
 EXIT_LAUNCHER_GONE = 128 + int(signal.SIGTERM)  # 143: as if stopped by SIGTERM, but nothing is saved
@@ -96,7 +96,7 @@ def init(info: DistInfo, device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S)
         if not _is_timeout(e):
             raise
         raise UserError(f"rank {info.rank} of {info.world_size}: not all {info.world_size} processes joined within "
-                        f"--ddp-timeout {show_seconds(timeout_s)} ({_first_line(e)})") from None
+                        f"--ddp-timeout {show_seconds(timeout_s)} ({first_line(e)})") from None
 
 
 def shutdown(info: DistInfo) -> None:
@@ -134,11 +134,6 @@ class CollectiveFailed(UserError):
                 "its connection (see that rank's own message)")
 
 
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
-
-
 def _is_timeout(e: BaseException) -> bool:
     text = str(e).lower()
     return "timed out" in text or "timeout" in text
@@ -155,10 +150,10 @@ def collective_failure(e: BaseException, op: str, info: DistInfo) -> CollectiveF
     if not info.enabled or not isinstance(e, RuntimeError):
         return None
     if _is_timeout(e):
-        return CollectiveFailed(op, "timeout", info, _timeout_s, _first_line(e))
+        return CollectiveFailed(op, "timeout", info, _timeout_s, first_line(e))
     text = str(e).lower()
     if any(s in text for s in _PEER_GONE):
-        return CollectiveFailed(op, "peer", info, _timeout_s, _first_line(e))
+        return CollectiveFailed(op, "peer", info, _timeout_s, first_line(e))
     return None
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 
 INSTALL_HINT = "pip install 'nmtkit[ctranslate2]'"
 # Converter.convert's quantization names (`nmtkit export --quantization`).
@@ -253,8 +253,7 @@ def convert(spec, output_dir: str, quantization: str) -> None:
     try:
         make_converter(spec).convert(output_dir, quantization=quantization, force=True)
     except (ValueError, NotImplementedError) as e:  # the spec's own checks: a bug of ours or an odd model
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"CTranslate2 refused the converted model: {first}") from None
+        raise UserError(f"CTranslate2 refused the converted model: {first_line(e)}") from None
 
 
 def prepare(model, src_tokens: list[str], tgt_tokens: list[str]):

@@ -57,7 +57,7 @@ import numpy as np
 from nmtkit.backends.ctranslate2.convert import import_ctranslate2
 from nmtkit.backends.engine import PRECISION_NAMES, Engine, RuntimeOptions
 from nmtkit.device import parse_device
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 from nmtkit.search.config import DECODING_PRESETS, Hypothesis, SearchConfig, length_penalty
 
 # CTranslate2's length penalty for `--lenpen 0` in beam search: pow(|Y|, 1e-30) is exactly 1.0 in
@@ -113,10 +113,6 @@ def limit_of(n_src: int, cfg: SearchConfig) -> int:
     return lim if cfg.max_len_cap is None else min(lim, max(cfg.max_len_cap, 0))
 
 
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
 class CTranslate2Engine(Engine):
     """An export directory (`nmtkit export`) searched by CTranslate2. Not thread-safe."""
 
@@ -159,7 +155,7 @@ class CTranslate2Engine(Engine):
                                      intra_threads=options.threads)
         except (ValueError, RuntimeError) as e:
             raise UserError(f"{path}: CTranslate2 cannot load it on {dev} with --precision {options.precision} "
-                            f"(compute type {ctype}): {_first_line(e)}") from None
+                            f"(compute type {ctype}): {first_line(e)}") from None
         return cls(runtime, info=info, src_dict=src_dict, tgt_dict=tgt_dict,
                    device=f"{dev}:{index}" if dev == "cuda" else dev, compute_type=ctype)
 
@@ -267,7 +263,7 @@ class CTranslate2Engine(Engine):
         try:
             return self.runtime.translate_batch(source, **self._options(cfg, limit, suppress))
         except (ValueError, RuntimeError) as e:  # e.g. --topk over the vocabulary size
-            raise UserError(f"CTranslate2 refused the search settings: {_first_line(e)}") from None
+            raise UserError(f"CTranslate2 refused the search settings: {first_line(e)}") from None
 
     def __repr__(self) -> str:
         return f"CTranslate2 compute_type={self.compute_type}"

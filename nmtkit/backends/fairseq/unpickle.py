@@ -27,7 +27,7 @@ from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from pathlib import Path
 from typing import Any
 
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 
 # Whole modules whose every name is data in a fairseq checkpoint: configuration and logging
 # classes (dataclass configs, ChoiceEnum enums, meters), OmegaConf's containers and nodes, and
@@ -136,7 +136,7 @@ def _message(e: BaseException) -> str:
     m = re.search(r"GLOBAL (\S+)", text)
     if m:
         return f"it names {m.group(1)}"
-    return text.splitlines()[0] if text else type(e).__name__
+    return first_line(e)
 
 
 def load(path: str | os.PathLike) -> dict:

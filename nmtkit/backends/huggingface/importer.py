@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 from nmtkit.settings import setting
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
@@ -98,7 +98,7 @@ def _weights(d: Path) -> dict[str, torch.Tensor]:
             return torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged or foreign file: name it
         raise UserError(f"{st if st.is_file() else pt}: cannot read the weights ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+                        f"{first_line(e)})") from None
     raise UserError(f"{d}: no model.safetensors or pytorch_model.bin; not a MarianMT folder")
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from nmtkit.backends.engine import Engine, RuntimeOptions
 from nmtkit.backends.onnx.convert import DECODER_FILE, ENCODER_FILE, import_onnxruntime
 from nmtkit.device import parse_device
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 from nmtkit.search.config import Hypothesis, SearchConfig
 
 
@@ -163,8 +163,7 @@ class OnnxEngine(Engine):
         try:
             graphs = Graphs.load(path, threads=prepared)
         except Exception as e:  # onnxruntime raises its own exception types for a damaged graph
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"{path}: ONNX Runtime cannot load its graphs: {first}") from None
+            raise UserError(f"{path}: ONNX Runtime cannot load its graphs: {first_line(e)}") from None
         return cls(graphs, info=source.info, src_dict=src_dict, tgt_dict=tgt_dict)
 
     def architectures(self) -> list[dict]:
