@@ -47,7 +47,7 @@ from nmtkit.errors import UserError
 from nmtkit.generation import forced
 from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
 from nmtkit.generation.terms import TermMaker
-from nmtkit.search.config import Hypothesis, SearchConfig, Terms, apply_search_settings, check_terms, default_search
+from nmtkit.search.config import Hypothesis, SearchConfig, Terms, apply_search_settings, check_terms, default_search, output_limit
 
 
 def _paths(path) -> list[str]:
@@ -294,8 +294,7 @@ class Translator:
         for it in todo:
             if len(it.ids) == 0 and (it.terms.include or it.terms.prefix):
                 raise UserError(f"{it.terms.where}: an empty sentence has no translation to constrain")
-            limit = int(cfg.max_len_a * len(it.ids) + cfg.max_len_b)
-            check_terms(it.terms, cfg, limit if cfg.max_len_cap is None else min(limit, cfg.max_len_cap))
+            check_terms(it.terms, cfg, output_limit(len(it.ids), cfg))
 
     def _search(self, batch: list[Item], cfg: SearchConfig) -> list[list[Hypothesis]]:
         """The engine's search of one batch; with terms, a sentence no output could satisfy is a

@@ -10,6 +10,7 @@ here: an engine that runs without torch reads its settings through this module a
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from nmtkit.errors import UserError
@@ -248,3 +249,10 @@ def check_terms(terms: Terms, cfg: SearchConfig, max_len: int) -> None:
     if terms.tokens_needed > max_len:
         raise UserError(f"{where}: the prefix and constraints take {terms.tokens_needed} target tokens; "
                         f"this sentence's output limit is {max_len} (--max-len-a/--max-len-b)")
+
+
+def output_limit(n_src: int, cfg: SearchConfig) -> int:
+    """The output limit of one sentence of `n_src` source tokens (tokens before </s>), as the
+    searches compute it for a batch (nmtkit.search.beam.max_lengths, nmtkit.search.arrays)."""
+    lim = max(math.floor(cfg.max_len_a * float(n_src) + cfg.max_len_b), 0)
+    return lim if cfg.max_len_cap is None else min(lim, max(cfg.max_len_cap, 0))

@@ -49,7 +49,6 @@ fairseq` does), and then `logprob` and `score` come from that pass too.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -58,7 +57,7 @@ from nmtkit.backends.ctranslate2.convert import import_ctranslate2
 from nmtkit.backends.engine import PRECISION_NAMES, Engine, RuntimeOptions
 from nmtkit.device import parse_device
 from nmtkit.errors import UserError, first_line
-from nmtkit.search.config import DECODING_PRESETS, Hypothesis, SearchConfig, length_penalty
+from nmtkit.search.config import DECODING_PRESETS, Hypothesis, SearchConfig, length_penalty, output_limit
 
 # CTranslate2's length penalty for `--lenpen 0` in beam search: pow(|Y|, 1e-30) is exactly 1.0 in
 # float32, so scores are unchanged, and a non-zero penalty turns off CTranslate2's early exit
@@ -105,12 +104,6 @@ def compute_type(precision: str, quantization: str) -> str:
         return "default"
     half = {"bf16": "bfloat16", "fp16": "float16"}[precision]
     return f"int8_{half}" if quantization.startswith("int8") else half
-
-
-def limit_of(n_src: int, cfg: SearchConfig) -> int:
-    """nmtkit's per-sentence output limit (nmtkit.search.beam.max_lengths) for `n_src` source tokens."""
-    lim = max(math.floor(cfg.max_len_a * float(n_src) + cfg.max_len_b), 0)
-    return lim if cfg.max_len_cap is None else min(lim, max(cfg.max_len_cap, 0))
 
 
 class CTranslate2Engine(Engine):
@@ -173,7 +166,7 @@ class CTranslate2Engine(Engine):
         """One CTranslate2 call per output limit (a batch sorted by length gives long runs)."""
         runs: dict[int, list[int]] = {}
         for r, ids in enumerate(sources):
-            runs.setdefault(limit_of(len(ids), cfg), []).append(r)
+            runs.setdefault(output_limit(len(ids), cfg), []).append(r)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for limit, rows in runs.items():
             tokens = [self.src_dict.string(sources[r]) for r in rows]
