@@ -298,6 +298,7 @@ def arch_config(f: Folder, share: str, attention_bias: bool):
 def convert(f: Folder) -> tuple[object, dict[str, torch.Tensor], list[list[str]]]:
     """(ArchConfig, nmtkit state dict, [source tokens, target tokens]) of the folder's model."""
     from nmtkit.backends.huggingface.mapping import from_marian, to_marian
+    from nmtkit.models.loading import check_weights
     from nmtkit.models.transformer import Transformer
 
     where = f.path / "config.json"
@@ -322,7 +323,7 @@ def convert(f: Folder) -> tuple[object, dict[str, torch.Tensor], list[list[str]]
     marian = {**f.weights, "model.shared.weight": emb["tgt"], "model.encoder.embed_tokens.weight": emb["src"],
               "model.decoder.embed_tokens.weight": emb["tgt"], "lm_head.weight": emb["out"]}
     sd = from_marian(marian, cfg, cfg.d_model)
-    Transformer.from_state_dict(cfg, len(src_tokens), len(tgt_tokens), sd)  # every name and shape fits
+    check_weights(sd, cfg, len(src_tokens), len(tgt_tokens), str(f.path))  # every name and shape, on the meta device
     return cfg, sd, [src_tokens, tgt_tokens]
 
 
