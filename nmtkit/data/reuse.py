@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nmtkit.data.dictionary import Dictionary
 from nmtkit.data.manifest import MANIFEST_NAME, load_manifest, sha256_file, verify_files
+from nmtkit.data.subwords import check_pretokenizer
 from nmtkit.errors import UserError
 
 DEFAULT_BPE = "sentencepiece"  # PreprocessConfig.bpe's default: --bpe not given (or given as the default)
@@ -96,10 +97,8 @@ def _from_data_dir(flag: str, d: Path, manifest: dict, old_lang: str, dict_path:
     except UserError as e:
         raise UserError(f"{flag}: {e}") from None
     pre = sub.get("pretokenizer")
-    if pre is not None and (not isinstance(pre, dict) or pre.get("kind") != "moses"
-                            or not isinstance(pre.get("langs"), dict) or old_lang not in pre["langs"]):
-        raise UserError(f"{flag} {d}: unsupported pre-tokenizer in its manifest: {pre!r} "
-                        f"(this nmtkit knows Moses for each language)")
+    if pre is not None:
+        check_pretokenizer(pre, old_lang, f"{flag} {d}'s manifest")
     return ReusedSide(flag, dict_path, Dictionary.load(dict_path), kind, d / name if name else None, d,
                       {k: v for k, v in sub.items() if k in ("vocab_size", "merges")}, old_lang, pre)
 

@@ -148,14 +148,19 @@ class MosesPretokenized(SubwordModel):
         return self.detokenizer.detokenize(self.inner.decode(tokens).split())
 
 
+def check_pretokenizer(pre, lang: str, where: str = "the data directory's manifest") -> None:
+    """UserError unless `pre` (a manifest's `subword.pretokenizer`) is Moses with a setting for `lang`."""
+    if not isinstance(pre, dict) or pre.get("kind") != "moses" or not isinstance(pre.get("langs"), dict) \
+            or lang not in pre["langs"]:
+        raise UserError(f"unsupported pre-tokenizer in {where}: {pre!r} (this nmtkit knows Moses for each language)")
+
+
 def pretokenized(model: SubwordModel, subword_entry: dict, lang: str) -> SubwordModel:
     """`model` behind the data directory's pre-tokenizer (`subword.pretokenizer`), if it has one."""
     pre = subword_entry.get("pretokenizer")
     if not pre:
         return model
-    if not isinstance(pre, dict) or pre.get("kind") != "moses" or lang not in pre.get("langs", {}):
-        raise UserError(f"unsupported pre-tokenizer in the data directory's manifest: {pre!r} "
-                        "(this nmtkit knows Moses for each language)")
+    check_pretokenizer(pre, lang)
     return MosesPretokenized(model, pre["langs"][lang], aggressive_dash_splits=bool(pre.get("aggressive_dash_splits", True)),
                              escape=bool(pre.get("escape", True)))
 
