@@ -534,7 +534,6 @@ class EpochBatches:
         if len(src_ds) != len(tgt_ds):
             raise ValueError(f"source has {len(src_ds)} sentences but target has {len(tgt_ds)}")
         self.src_ds, self.tgt_ds = src_ds, tgt_ds
-        self.max_tokens, self.max_sentences, self.pad_multiple = max_tokens, max_sentences, pad_multiple
         self.limits = _Limits(max_tokens, max_sentences, max_source_positions, max_target_positions, pad_multiple)
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
