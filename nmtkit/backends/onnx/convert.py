@@ -43,13 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
+from nmtkit.backends.onnx.engine import DECODER_FILE, ENCODER_FILE, INSTALL_HINT, Graphs, import_onnxruntime
 from nmtkit.errors import UserError
 
-INSTALL_HINT = "pip install 'nmtkit[onnx]'"
 QUANTIZATIONS = ("float32", "int8")  # `nmtkit export --format onnx --quantization`
 OPSET = 17  # LayerNormalization is an operator from opset 17
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmtkit's model uses
-ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 # the self-check: the largest |log-prob difference| against torch on the check sentences
 TOLERANCE = 1e-3
 INT8_TOLERANCE = 1.0  # on the reference's own tokens (int8 weights move log-probs by a few tenths)
@@ -63,15 +62,6 @@ HANDLED_FIELDS = frozenset({
     # training-only: no effect on the exported weights or on inference
     "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
 })
-
-
-def import_onnxruntime():
-    """The onnxruntime module, or a one-line UserError saying how to install it."""
-    try:
-        import onnxruntime
-    except ImportError:
-        raise UserError(f"the ONNX Runtime is not installed: {INSTALL_HINT}") from None
-    return onnxruntime
 
 
 def import_runtime():
@@ -367,8 +357,6 @@ def reference(model, pad: int, bos: int, eos: int) -> dict:
 def check(folder: Path, ref: dict, tolerance: float, quantized: bool) -> float:
     """Step ONNX Runtime through `ref`'s sentences; UserError unless within `tolerance` of torch.
     Returns the largest difference (over every token, or the reference's own tokens for int8)."""
-    from nmtkit.backends.onnx.engine import Graphs
-
     graphs = Graphs.load(folder, threads=1)
     enc = graphs.encode(ref["src"])
     cache = graphs.empty_cache(len(ref["src"]))

@@ -27,10 +27,22 @@ from pathlib import Path
 import numpy as np
 
 from nmtkit.backends.engine import Engine, RuntimeOptions
-from nmtkit.backends.onnx.convert import DECODER_FILE, ENCODER_FILE, import_onnxruntime
 from nmtkit.device import parse_device
 from nmtkit.errors import UserError, first_line
 from nmtkit.search.config import Hypothesis, SearchConfig
+
+INSTALL_HINT = "pip install 'nmtkit[onnx]'"
+# the graphs of an export directory; written by convert.py, which builds on this runtime side
+ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
+
+
+def import_onnxruntime():
+    """The onnxruntime module, or a one-line UserError saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError(f"the ONNX Runtime is not installed: {INSTALL_HINT}") from None
+    return onnxruntime
 
 
 @dataclass
