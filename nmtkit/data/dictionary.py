@@ -37,21 +37,8 @@ class Dictionary:
         self._index: dict[str, int] = {s: i for i, s in enumerate(SPECIALS)}
 
     # ---- the special symbols -------------------------------------------------------------------
-    @property
-    def pad(self) -> int:
-        return 0
-
-    @property
-    def bos(self) -> int:
-        return 1
-
-    @property
-    def eos(self) -> int:
-        return 2
-
-    @property
-    def unk(self) -> int:
-        return 3
+    # Their ids are their places in SPECIALS, the same in every dictionary (shards and models rely on them).
+    pad, bos, eos, unk = range(NSPECIAL)
 
     # ---- lookups -------------------------------------------------------------------------------
     def __len__(self) -> int:

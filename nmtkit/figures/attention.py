@@ -40,6 +40,16 @@ def import_pyplot():
     return plt
 
 
+def _save_png(plt, fig, out: str | os.PathLike) -> Path:
+    """Write `fig` to the PNG `out` atomically (an interrupted run leaves no half picture) and
+    close it, since pyplot keeps every open figure alive until closed; return the path."""
+    out = Path(out)
+    with atomic_write(out, "wb", encoding=None) as fh:
+        fig.savefig(fh, format="png", dpi=100)
+    plt.close(fig)
+    return out
+
+
 def _font_size(n: int) -> float:
     return 8.0 if n <= 30 else 7.0 if n <= 60 else 5.5
 
@@ -78,11 +88,7 @@ def draw_heads(weights: np.ndarray, rows: Sequence[str], cols: Sequence[str], he
             ax.set_xlabel(col_axis, fontsize=fs + 1)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.suptitle(title, fontsize=11)
-    out = Path(out)
-    with atomic_write(out, "wb", encoding=None) as fh:
-        fig.savefig(fh, format="png", dpi=100)
-    plt.close(fig)
-    return out
+    return _save_png(plt, fig, out)
 
 
 def draw_lines(weights: np.ndarray, rows: Sequence[str], cols: Sequence[str], heads: Sequence[int],
@@ -129,8 +135,4 @@ def draw_lines(weights: np.ndarray, rows: Sequence[str], cols: Sequence[str], he
               labels=[f"head {h}" for h in heads], loc="center left", bbox_to_anchor=(1.0, 0.5),
               fontsize=8, frameon=False)
     ax.set_title(title, fontsize=10)
-    out = Path(out)
-    with atomic_write(out, "wb", encoding=None) as fh:
-        fig.savefig(fh, format="png", dpi=100)
-    plt.close(fig)
-    return out
+    return _save_png(plt, fig, out)

@@ -26,6 +26,25 @@ def _num(v) -> float:
         return float("nan")
 
 
+def _series(records: list[dict], key: str) -> tuple[list, list[float]]:
+    """(updates, values) of `key` over `records`; a missing or non-numeric value is NaN (a gap)."""
+    return [r["update"] for r in records], [_num(r.get(key)) for r in records]
+
+
+def _train_and_valid(ax, title: str, train: list[dict], valid: list[dict],
+                     train_keys: list[tuple[str, str]], valid_key: tuple[str, str]) -> None:
+    """One panel with the training curves (`train_keys`: (key, label) pairs) as plain lines and
+    the validation curve (`valid_key`) marked at each validation, on the same axes so that
+    over-fitting shows as the two drifting apart. A run that has not validated yet has none."""
+    for key, label in train_keys:
+        ax.plot(*_series(train, key), label=label, lw=1)
+    if valid:
+        key, label = valid_key
+        ax.plot(*_series(valid, key), "o-", label=label, ms=3)
+    ax.set_title(title)
+    ax.legend()
+
+
 def log_and_output(save_dir: Path, output: str | os.PathLike | None) -> tuple[Path, Path]:
     """(the train log, the PNG to write), checked: the output is never the log itself, a
     checkpoint (the save dir holds them), a directory or a data or export directory's file."""
@@ -54,36 +73,23 @@ def plot_training(save_dir: str | os.PathLike, output: str | os.PathLike | None 
     if not train and not valid:
         raise UserError(f"{log}: no train or valid records to plot yet")
 
-    def series(rs, key):
-        return [r["update"] for r in rs], [_num(r.get(key)) for r in rs]
-
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), constrained_layout=True)
-    ax = axes[0][0]
-    ax.plot(*series(train, "loss"), label="train loss (label-smoothed)", lw=1)
-    ax.plot(*series(train, "nll_loss"), label="train nll", lw=1)
-    if valid:
-        ax.plot(*series(valid, "nll_loss"), "o-", label="valid nll", ms=3)
-    ax.set_ylabel("bits / target token")
-    ax.set_title("loss")
-    ax.legend()
-    ax = axes[0][1]
-    ax.plot(*series(train, "ppl"), label="train ppl", lw=1)
-    if valid:
-        ax.plot(*series(valid, "ppl"), "o-", label="valid ppl", ms=3)
-    ax.set_yscale("log")
-    ax.set_title("perplexity")
-    ax.legend()
+    _train_and_valid(axes[0][0], "loss", train, valid,
+                     [("loss", "train loss (label-smoothed)"), ("nll_loss", "train nll")], ("nll_loss", "valid nll"))
+    axes[0][0].set_ylabel("bits / target token")
+    _train_and_valid(axes[0][1], "perplexity", train, valid, [("ppl", "train ppl")], ("ppl", "valid ppl"))
+    axes[0][1].set_yscale("log")
     ax = axes[1][0]
-    ax.plot(*series(train, "lr"), lw=1)
+    ax.plot(*_series(train, "lr"), lw=1)
     ax.set_title("learning rate")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     ax = axes[1][1]
     bleu = [r for r in valid if "bleu" in r]
     if bleu:
-        ax.plot(*series(bleu, "bleu"), "o-", ms=3)
+        ax.plot(*_series(bleu, "bleu"), "o-", ms=3)
         ax.set_title("validation BLEU (sacreBLEU)")
     else:
-        ax.plot(*series(train, "tgt_tok_per_s"), lw=1)
+        ax.plot(*_series(train, "tgt_tok_per_s"), lw=1)
         ax.set_title("target tokens / s")
     for row in axes:
         for a in row:

@@ -229,8 +229,41 @@ def _massage(brackets: list[list[Any]], params: EvalbParams) -> list[tuple[int, 
     return out
 
 
+def _percent(part: int, whole: int) -> float:
+    """100 * part / whole, or 0.0 when `whole` is 0: evalb prints 0.00 for a sentence or corpus
+    without brackets (or words, or valid sentences) rather than dividing by zero."""
+    return 100.0 * part / whole if whole else 0.0
+
+
+class _Scores:
+    """Recall, precision and tagging accuracy from the bracket and tag counts.
+
+    Why shared: evalb computes them the same way for one sentence (its per-sentence table) and
+    for the corpus totals (its summary), so `SentenceResult` and `Totals` take them from here.
+    """
+
+    # the counters read here, declared as fields by both dataclasses
+    matched: int
+    gold_brackets: int
+    test_brackets: int
+    words: int
+    correct_tags: int
+
+    @property
+    def recall(self) -> float:
+        return _percent(self.matched, self.gold_brackets)
+
+    @property
+    def precision(self) -> float:
+        return _percent(self.matched, self.test_brackets)
+
+    @property
+    def tagging_accuracy(self) -> float:
+        return _percent(self.correct_tags, self.words)
+
+
 @dataclass
-class SentenceResult:
+class SentenceResult(_Scores):
     """One row of EVALB's per-sentence table."""
 
     line: int
@@ -244,25 +277,13 @@ class SentenceResult:
     correct_tags: int = 0
     message: str = ""
 
-    @property
-    def recall(self) -> float:
-        return 100.0 * self.matched / self.gold_brackets if self.gold_brackets else 0.0
-
-    @property
-    def precision(self) -> float:
-        return 100.0 * self.matched / self.test_brackets if self.test_brackets else 0.0
-
-    @property
-    def tag_accuracy(self) -> float:
-        return 100.0 * self.correct_tags / self.words if self.words else 0.0
-
     def evalb_row(self) -> str:
         """The row exactly as evalb.c's `individual_result` prints it."""
         return (
             f"{self.line:4d}  {self.length:3d}    {self.status:d}  "
             f"{self.recall:6.2f} {self.precision:6.2f}   {self.matched:3d}    {self.gold_brackets:3d}  "
             f"{self.test_brackets:3d}    {self.crossing:3d}"
-            f"   {self.words:4d}  {self.correct_tags:4d}   {self.tag_accuracy:6.2f}"
+            f"   {self.words:4d}  {self.correct_tags:4d}   {self.tagging_accuracy:6.2f}"
         )
 
 
@@ -333,7 +354,7 @@ def _compare(line: int, gold: _Side, test: _Side, params: EvalbParams) -> Senten
 
 
 @dataclass
-class Totals:
+class Totals(_Scores):
     """evalb's TOTAL_* (all sentences) or TOT40_* (sentences with Len <= CUTOFF_LEN) counters."""
 
     sentences: int = 0
@@ -373,21 +394,13 @@ class Totals:
         return self.sentences - self.error_sentences - self.skip_sentences
 
     @property
-    def recall(self) -> float:
-        return 100.0 * self.matched / self.gold_brackets if self.gold_brackets else 0.0
-
-    @property
-    def precision(self) -> float:
-        return 100.0 * self.matched / self.test_brackets if self.test_brackets else 0.0
-
-    @property
     def f1(self) -> float:
         p, r = self.precision, self.recall
         return 2 * p * r / (p + r) if p + r > 0 else 0.0
 
     @property
     def complete_match(self) -> float:
-        return 100.0 * self.complete / self.valid if self.valid else 0.0
+        return _percent(self.complete, self.valid)
 
     @property
     def average_crossing(self) -> float:
@@ -395,15 +408,11 @@ class Totals:
 
     @property
     def no_crossing_pct(self) -> float:
-        return 100.0 * self.no_crossing / self.valid if self.valid else 0.0
+        return _percent(self.no_crossing, self.valid)
 
     @property
     def two_or_less_crossing_pct(self) -> float:
-        return 100.0 * self.two_or_less_crossing / self.valid if self.valid else 0.0
-
-    @property
-    def tagging_accuracy(self) -> float:
-        return 100.0 * self.correct_tags / self.words if self.words else 0.0
+        return _percent(self.two_or_less_crossing, self.valid)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
