@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,10 @@ from nmtkit.training import trainer as T
 from nmtkit.training.config import TrainConfig, parse_ddp_timeout
 from nmtkit.training.report import read_log
 
+from fault_tools import lock_is_free, log_has, start_two_ranks, subreaper_command, torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-TRAIN = ["--arch", "transformer_tiny", "--max-tokens", "256", "--lr-scheduler", "inverse_sqrt", "--lr", "3e-3",
-         "--warmup-updates", "5", "--threads", "1", "--device", "cpu", "--no-progress-bar", "--log-interval", "1",
-         "--no-validate", "--no-epoch-checkpoints", "--max-update", "100000"]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl and /proc are Linux's")
 
 
@@ -46,82 +43,17 @@ def wait_for(pred, timeout: float, what: str, procs=()):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def log_has(path: Path, kind: str) -> bool:
-    try:
-        return any(r["type"] == kind for r in read_log(path))
-    except (OSError, ValueError):
-        return False
-
-
-def lock_is_free(save_dir: Path) -> bool:
-    try:
-        T._SaveDirLock(save_dir).release()
-        return True
-    except UserError:
-        return False
-
-
 # ------------------------------------------------------------------------------------------------
 # the launcher dies
-
-# Run as its own process: it becomes a child subreaper, so the workers orphaned by the launcher's
-# death are re-parented to it and it can wait for them and read their exit statuses.
-SUBREAPER = r"""
-import ctypes, json, os, signal, subprocess, sys, time
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-cmd, log, err = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(err, "w"))
-
-def children(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                if d.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d))
-        except (OSError, ValueError, IndexError):
-            pass
-    return out
-
-def saved():
-    try:
-        return any(json.loads(l)["type"] == "checkpoint" for l in open(log))
-    except (OSError, ValueError):
-        return False
-
-end = time.monotonic() + 240
-while not (saved() and len(children(launcher.pid)) == 2):
-    if launcher.poll() is not None or time.monotonic() > end:
-        print(json.dumps({"error": f"no checkpoint (launcher status {launcher.poll()})"}))
-        sys.exit(0)
-    time.sleep(0.1)
-workers = children(launcher.pid)
-os.kill(launcher.pid, signal.SIGKILL)
-launcher.wait()
-t0, status = time.monotonic(), {}
-while len(status) < len(workers) and time.monotonic() < t0 + 60:
-    pid, st = os.waitpid(-1, os.WNOHANG)
-    if pid in workers:
-        status[pid] = [os.waitstatus_to_exitcode(st), round(time.monotonic() - t0, 2)]
-    elif pid == 0:
-        time.sleep(0.02)
-for pid in workers:
-    if pid not in status:
-        os.kill(pid, signal.SIGKILL)
-print(json.dumps({"workers": workers, "status": status}))
-"""
-
 
 @linux_only
 def test_workers_stop_at_once_when_the_torchrun_launcher_is_killed(data_dir, tmp_path):
     """kill -9 of torchrun: both workers exit within a second or two with status 143, without a
     collective or a save, and the save dir is free again: the same command resumes."""
     save = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "nmtkit", "train", str(data_dir), "--save-dir", str(save), *TRAIN, "--save-interval-updates", "2"]
     err = tmp_path / "stderr.txt"
-    p = subprocess.run([sys.executable, "-c", SUBREAPER, json.dumps(cmd), str(save / "train_log.jsonl"), str(err)],
-                       env=ENV, capture_output=True, text=True, timeout=330)
+    p = subprocess.run(subreaper_command(torchrun_command(data_dir, save), save / "train_log.jsonl", err, wait_s=240,
+                                         reap_s=60), env=ENV, capture_output=True, text=True, timeout=330)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert "error" not in out, (out, err.read_text()[-3000:])
@@ -177,16 +109,9 @@ def test_a_stopped_rank_ends_the_other_within_ddp_timeout_in_one_line(data_dir, 
     """Rank 1 is SIGSTOPped mid-training: rank 0 exits (status 2) about --ddp-timeout later with
     one line naming the collective and rank 1, and frees the save dir; rank 1, continued, exits
     at once with one line saying that rank 0 went away."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     save = tmp_path / "run"
-    args = [sys.executable, "-m", "nmtkit", "train", str(data_dir), "--save-dir", str(save), *TRAIN,
-            "--ddp-timeout", "5"]
-    env = {**ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     errs = [tmp_path / f"rank{r}.err" for r in range(2)]
-    procs = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.DEVNULL,
-                              stderr=open(errs[r], "w")) for r in range(2)]
+    procs = start_two_ranks(data_dir, save, errs, ENV, ddp_timeout=5)
     try:
         wait_for(lambda: log_has(save / "train_log.jsonl", "train"), 240, "the first update", procs)
         os.kill(procs[1].pid, signal.SIGSTOP)
@@ -219,6 +144,68 @@ def test_a_stopped_rank_ends_the_other_within_ddp_timeout_in_one_line(data_dir, 
     end = [r for r in read_log(save / "train_log.jsonl") if r["type"] == "end"]
     assert end[-1]["reason"] == "failed" and "got no answer from rank 1" in end[-1]["message"]
     assert lock_is_free(save)
+
+
+def run_as_rank_0_of_2(data_dir, save: Path, monkeypatch, comm_hook=None):
+    """`nmtkit train` in this process as rank 0 of 2: a one-process gloo group stands in for both
+    ranks (the start check's gather sees this rank twice), so the run's errors are a distributed
+    run's without a second process. `comm_hook` replaces DDP's gradient all-reduce."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(D, "all_gather_objects", lambda obj, info, where="": [obj] * info.world_size)
+    if comm_hook is not None:
+        wrap = T.Trainer._wrap
+
+        def wrap_with_hook(self, model):
+            fwd, ddp = wrap(self, model)
+            ddp.register_comm_hook(None, comm_hook)
+            return fwd, ddp
+
+        monkeypatch.setattr(T.Trainer, "_wrap", wrap_with_hook)
+    cfg = TrainConfig(data_dir=str(data_dir), save_dir=str(save), arch="transformer_tiny", max_tokens=256,
+                      lr_scheduler="inverse_sqrt", lr=3e-3, warmup_updates=5, threads=1, progress_bar=False,
+                      no_validate=True, no_epoch_checkpoints=True, max_update=3)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return T.train(cfg)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_lost_peer_in_ddps_backward_ends_the_run_in_one_line_and_an_end_record(data_dir, tmp_path, monkeypatch):
+    """A peer lost in DDP's gradient all-reduce (the last micro-batch's backward): the run ends with
+    one line naming DDP's all-reduce, the update, the other rank and the checkpoint to resume from;
+    the log gets its end record and the save dir is free."""
+    def peer_gone(state, bucket):
+        raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:29500")
+
+    save = tmp_path / "run"
+    with pytest.raises(UserError) as e:
+        run_as_rank_0_of_2(data_dir, save, monkeypatch, peer_gone)
+    assert not isinstance(e.value, D.CollectiveFailed)
+    assert str(e.value) == ("rank 0 of 2: DDP's gradient all-reduce (update 1) failed because rank 1 exited or lost "
+                            "its connection (see that rank's own message); no checkpoint_last.pt was written yet (run "
+                            "the same command to resume)")
+    end = [{k: v for k, v in r.items() if k != "time"} for r in read_log(save / "train_log.jsonl") if r["type"] == "end"]
+    assert end == [{"type": "end", "update": 0, "reason": "failed", "message": str(e.value)}]
+    assert lock_is_free(save)
+
+
+def test_an_error_outside_a_collective_is_not_read_as_one_whatever_its_text(data_dir, tmp_path, monkeypatch):
+    """A RuntimeError of the loss, not of a collective, keeps its traceback in a distributed run even
+    when its text mentions a timeout: only the calls that run collectives read errors as theirs."""
+    from nmtkit.training import step as S
+
+    def loss(*args, **kwargs):
+        raise RuntimeError("Timed out waiting for the loss kernel")
+
+    monkeypatch.setattr(S, "label_smoothed_cross_entropy", loss)
+    with pytest.raises(RuntimeError, match="^Timed out waiting for the loss kernel$"):
+        run_as_rank_0_of_2(data_dir, tmp_path / "run", monkeypatch)
 
 
 def test_ddp_timeout_flag_and_the_one_line_messages():

@@ -5,7 +5,6 @@ once with one line naming the ranks and their updates."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -16,14 +15,9 @@ from nmtkit.errors import UserError
 from nmtkit.training.report import read_log
 from nmtkit.training.start import check_same_start
 
-from test_distributed_faults import ENV, TRAIN
+from fault_tools import TRAIN, free_port
+from test_distributed_faults import ENV
 from test_save_crash import _one_thread, data_dir  # noqa: F401 - fixtures: the corpus, torch's threads kept
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_nodes(data_dir, save_dirs, max_update: int, timeout: float = 60):

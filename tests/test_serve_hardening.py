@@ -30,6 +30,8 @@ from nmtkit.errors import UserError
 from nmtkit.search.config import SearchConfig
 from nmtkit.serving.options import ServeOptions
 
+from fault_tools import POST_HEAD, closed, connect, exchange, read_all
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -104,37 +106,6 @@ def wait_until(condition, timeout: float = 20) -> None:
         time.sleep(0.01)
 
 
-def connect(port: int, data: bytes = b"", timeout: float = 10) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    if data:
-        s.sendall(data)
-    return s
-
-
-def read_all(s: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (socket.timeout if it does not)."""
-    out = b""
-    with contextlib.suppress(ConnectionResetError):
-        while chunk := s.recv(65536):
-            out += chunk
-    return out
-
-
-def closed(s: socket.socket) -> bool:
-    """Whether the server closed this connection (after whatever it sent)."""
-    s.setblocking(False)
-    try:
-        while True:
-            if not s.recv(65536):
-                return True
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-    finally:
-        s.setblocking(True)
-
-
 def read_answer(s: socket.socket) -> bytes:
     """One answer (headers and its Content-Length of body), leaving the connection open."""
     raw = b""
@@ -160,16 +131,11 @@ def status_and_body(raw: bytes) -> tuple[int, dict]:
 
 
 def request(port: int, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
-    with connect(port, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body) as s:
-        return status_and_body(read_all(s))
+    return status_and_body(exchange(port, method, path, body))
 
 
 def translate(port: int, texts: list[str]) -> tuple[int, dict]:
     return request(port, "POST", "/translate", json.dumps({"text": texts}).encode())
-
-
-HEAD = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 
 
 # ------------------------------------------------------------------------------- slow clients
@@ -193,7 +159,7 @@ def test_a_stalled_body_gets_408_and_its_connection_closed(model):
     with serving(echo_options(model, body_timeout=0.5)) as (port, _, logs):
         body = json.dumps({"text": ["ein hund"]}).encode()
         t0 = time.monotonic()
-        with connect(port, HEAD % len(body) + body[:10]) as s:
+        with connect(port, POST_HEAD % len(body) + body[:10]) as s:
             raw = read_all(s)  # answered, then closed
         assert 0.4 < time.monotonic() - t0 < 5
         assert status_and_body(raw) == (408, {"error": "the request body did not arrive within 0.5 s"})
@@ -206,7 +172,7 @@ def test_an_unread_body_after_413_is_discarded_for_at_most_the_body_timeout(mode
     opts = echo_options(model, body_timeout=0.8, max_request_sentences=1, max_sentence_chars=1)
     with serving(opts) as (port, srv, _):
         limit = srv.limits.max_body_bytes
-        with connect(port, HEAD % 10_000_000 + b" " * 100) as s:
+        with connect(port, POST_HEAD % 10_000_000 + b" " * 100) as s:
             assert status_and_body(read_answer(s)) == (413, {"error": f"the request body has 10000000 bytes; "
                                                                       f"at most {limit}"})
             t0 = time.monotonic()
@@ -224,7 +190,7 @@ def test_a_client_that_does_not_read_its_answer_is_disconnected(model):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", port))
         with s:
-            s.sendall(HEAD % len(body) + body)
+            s.sendall(POST_HEAD % len(body) + body)
             wait_until(lambda: any("read nothing of its answer for 0.5 s" in x for x in logs), 20)
             s.settimeout(10)
             assert len(read_all(s)) < 30_000_000  # cut off before the end
@@ -244,7 +210,7 @@ def test_connections_are_limited_and_the_longest_waiting_makes_room(model):
             s.close()
         # every connection with a request under way: a new one gets 503 at once
         body = json.dumps({"text": ["ein hund"]}).encode()
-        busy = [connect(port, HEAD % len(body) + body) for _ in range(4)]
+        busy = [connect(port, POST_HEAD % len(body) + body) for _ in range(4)]
         time.sleep(0.5)
         refused = []
         for _ in range(20):
@@ -408,8 +374,8 @@ def test_sigterm_answers_the_request_in_flight_drops_a_stalled_upload_and_exits_
     """Before: the stalled upload kept the process alive for ever, after the port had closed."""
     with server_process(model, flags={"max_wait_ms": 1500.0, "body_timeout": 60.0}) as p:
         body = json.dumps({"text": ["ein hund"]}).encode()
-        stalled = connect(p.port, HEAD % len(body) + body[:5])
-        waiting = connect(p.port, HEAD % len(body) + body)  # queued: waits 1.5 s for company
+        stalled = connect(p.port, POST_HEAD % len(body) + body[:5])
+        waiting = connect(p.port, POST_HEAD % len(body) + body)  # queued: waits 1.5 s for company
         time.sleep(0.5)
         t0 = time.monotonic()
         p.stop()
@@ -427,7 +393,7 @@ def test_shutdown_takes_at_most_the_graceful_timeout_or_a_second_signal_and_exit
     grace = 60.0 if second_signal else 1.0
     with server_process(model, delay=30.0, flags={"graceful_timeout": grace}) as p:
         body = json.dumps({"text": ["ein hund"]}).encode()
-        searching = connect(p.port, HEAD % len(body) + body, timeout=30)  # a search of 30 s
+        searching = connect(p.port, POST_HEAD % len(body) + body, timeout=30)  # a search of 30 s
         time.sleep(0.5)
         t0 = time.monotonic()
         p.stop()
@@ -497,7 +463,7 @@ def test_a_client_gone_mid_body_is_one_line_not_a_500(model):
     """Before: a 500 and a traceback of 45 lines."""
     with serving(echo_options(model)) as (port, _, logs):
         before = len(logs)
-        with connect(port, HEAD % 100 + b'{"text": ["ein'):
+        with connect(port, POST_HEAD % 100 + b'{"text": ["ein'):
             time.sleep(0.3)
         wait_until(lambda: len(logs) > before)
         time.sleep(0.3)

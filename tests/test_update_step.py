@@ -782,6 +782,73 @@ def test_ddp_syncs_gradients_on_the_last_micro_batch_only(data_dir, tmp_path):
     assert rel_err(seen[0]["grads"], ref["grads"]) < 1e-5
 
 
+@contextlib.contextmanager
+def ddp_step_of_rank_1_of_2(t: T.Trainer, comm_hook=None):
+    """An UpdateStep under real DDP (gloo, a one-process group in this process) that believes it is
+    rank 1 of 2: its errors are read as a distributed run's, without starting a second process."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from nmtkit.training import distributed as D
+    from nmtkit.training.step import UpdateStep
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = DDP(t.model)
+        if comm_hook is not None:
+            ddp.register_comm_hook(None, comm_hook)
+        yield UpdateStep(t.objs, ddp, ddp, device=t.device, info=D.DistInfo(rank=1, world_size=2, local_rank=1),
+                         amp_dtype=None, epsilon=EPS_LS, clip_norm=0.0)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_error_outside_a_collective_keeps_its_own_message_in_a_distributed_run(data_dir, tmp_path,
+                                                                                  monkeypatch):
+    """Only the calls that run a collective read a RuntimeError as a collective's failure: a shape
+    error in the model's forward, and an error of the loss whose text mentions a timeout, reach the
+    caller as they were, not as a rank that stopped answering."""
+    from nmtkit.training import distributed as D
+    from nmtkit.training import step as S
+    from nmtkit.training.stopping import LoopFlags
+
+    t = new_trainer(data_dir, tmp_path / "e", update_freq=2)
+    micro = batches_of(t, 0, 2)
+
+    def bad_shape(src, prev):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (6x32 and 64x32)")
+
+    monkeypatch.setattr(t.model, "forward", bad_shape)
+    with ddp_step_of_rank_1_of_2(t) as s, pytest.raises(RuntimeError, match="shapes cannot be multiplied") as e:
+        s(micro, 3, LoopFlags())
+    assert not isinstance(e.value, D.CollectiveFailed)
+    monkeypatch.undo()
+
+    def slow_loss(*args, **kwargs):
+        raise RuntimeError("Timed out waiting for the loss kernel")
+
+    monkeypatch.setattr(S, "label_smoothed_cross_entropy", slow_loss)
+    with ddp_step_of_rank_1_of_2(t) as s, pytest.raises(RuntimeError, match="Timed out waiting for the loss") as e:
+        s(micro, 3, LoopFlags())
+    assert not isinstance(e.value, D.CollectiveFailed)
+
+
+def test_a_lost_peer_in_ddps_backward_is_a_collective_failure_naming_the_update(data_dir, tmp_path):
+    """DDP's gradient all-reduce runs in the last micro-batch's backward: a peer lost there is one
+    line naming DDP's all-reduce, the update and the other rank."""
+    from nmtkit.training import distributed as D
+    from nmtkit.training.stopping import LoopFlags
+
+    def peer_gone(state, bucket):
+        raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:29500")
+
+    t = new_trainer(data_dir, tmp_path / "p", update_freq=2)
+    with ddp_step_of_rank_1_of_2(t, peer_gone) as s, pytest.raises(D.CollectiveFailed) as e:
+        s(batches_of(t, 0, 2), 7, LoopFlags())
+    assert str(e.value) == ("rank 1 of 2: DDP's gradient all-reduce (update 7) failed because rank 0 exited or lost "
+                            "its connection (see that rank's own message)")
+
+
 def test_token_counts_beyond_float32_precision_are_exact(data_dir, tmp_path):
     """The counts travel in a float64 tensor (for the all-reduce): 2^24 + 1 tokens, which float32
     would round to 2^24, are reported exactly."""

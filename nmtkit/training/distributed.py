@@ -8,8 +8,10 @@ no collective is ever called.
 Two ways a multi-process run can get stuck are turned into a prompt exit here:
   a rank that stops answering (SIGSTOP, a debugger, a hung or unreachable machine): every
       collective waits at most --ddp-timeout; the ranks that waited exit with one line naming
-      the collective and the ranks (`CollectiveFailed`, exit status 2), and so do the ranks
-      whose peer went away;
+      the collective, what the ranks were doing and the ranks (`CollectiveFailed`, exit status
+      2), and so do the ranks whose peer went away. Each call that runs a collective (ours
+      below, DDP's in its constructor, forward and syncing backward) is wrapped in `collective`,
+      which alone reads a RuntimeError as a collective's failure;
   a launcher that dies (kill -9 torchrun): its workers would otherwise train on, headless, and
       rank 0 would keep the save-dir lock. `LauncherWatch` stops a torchrun worker as soon as
       its launcher is gone (Linux: a parent-death signal from the kernel; everywhere: a thread
@@ -111,8 +113,8 @@ def shutdown(info: DistInfo) -> None:
 class CollectiveFailed(UserError):
     """A collective did not complete: no answer within --ddp-timeout, or a peer went away.
 
-    `where` (the trainer's phase: "update 13", "checkpoint at update 12", ...) is filled in by
-    the caller that knows it; the message is built when shown.
+    `op` names the collective, `where` what the ranks were doing together ("update 13",
+    "checkpoint at update 12", ...); the message is built when shown.
     """
 
     def __init__(self, op: str, kind: str, info: DistInfo, timeout_s: float, detail: str = ""):
@@ -144,9 +146,7 @@ _PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken p
 
 
 def collective_failure(e: BaseException, op: str, info: DistInfo) -> CollectiveFailed | None:
-    """`e` as a CollectiveFailed when it is a collective's timeout or a lost peer; else None."""
-    if isinstance(e, CollectiveFailed):
-        return e
+    """`e`, raised by the collective `op`, as a CollectiveFailed when it is a timeout or a lost peer; else None."""
     if not info.enabled or not isinstance(e, RuntimeError):
         return None
     if _is_timeout(e):
@@ -158,37 +158,54 @@ def collective_failure(e: BaseException, op: str, info: DistInfo) -> CollectiveF
 
 
 @contextlib.contextmanager
-def _collective(op: str, info: DistInfo) -> Iterator[None]:
+def collective(op: str, info: DistInfo, where: str = "") -> Iterator[None]:
+    """Around a call that runs the collective `op`: its timeout or lost peer -> CollectiveFailed at `where`.
+
+    Only the calls that run a collective are wrapped, so the error of any other operation (a
+    shape mismatch, a failed write) keeps its own message and traceback, whatever its text says.
+    """
     try:
         yield
     except RuntimeError as e:
         failed = collective_failure(e, op, info)
         if failed is None:
             raise
+        failed.where = where
         raise failed from None
 
 
-def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+@contextlib.contextmanager
+def during(where: str) -> Iterator[None]:
+    """Name `where` in a CollectiveFailed from code that runs collectives without knowing what for
+    (the checkpoint's RNG gather, validation's sums)."""
+    try:
+        yield
+    except CollectiveFailed as e:
+        e.where = e.where or where
+        raise
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo, where: str = "") -> torch.Tensor:
     """Sum `t` over ranks in place (no-op for one process)."""
     if info.enabled:
-        with _collective("all_reduce", info):
+        with collective("all_reduce", info, where):
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
-def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+def all_gather_objects(obj: Any, info: DistInfo, where: str = "") -> list[Any]:
     """[obj of rank 0, obj of rank 1, ...] on every rank (a one-element list for one process)."""
     if not info.enabled:
         return [obj]
     out: list[Any] = [None] * info.world_size
-    with _collective("all_gather_object", info):
+    with collective("all_gather_object", info, where):
         dist.all_gather_object(out, obj)
     return out
 
 
-def barrier(info: DistInfo) -> None:
+def barrier(info: DistInfo, where: str = "") -> None:
     if info.enabled:
-        with _collective("barrier", info):
+        with collective("barrier", info, where):
             dist.barrier()
 
 

@@ -7,6 +7,8 @@ What one update does (K = --update-freq micro-batches on each of W ranks):
   3. forward, label-smoothed loss sum, backward of loss_sum * W / N for each micro-batch (DDP
      averages gradients over ranks, so the result is d(total loss / N) exactly as on one process
      with K * W micro-batches); DDP syncs gradients only on the last micro-batch;
+     a collective of the update (ours, or DDP's in its forward and syncing backward) that times
+     out or loses a peer raises D.CollectiveFailed naming it and the update;
   4. (fp16: unscale) gradient norm; a non-finite norm or loss skips the update (NaN/inf: "nan";
      fp16 overflow: the loss scale shrinks, "fp16_overflow"); an out-of-memory error skips it
      ("oom", one process only);
@@ -96,26 +98,27 @@ class UpdateStep:
 
     def __call__(self, batches: list, update: int, flags: LoopFlags) -> StepResult:
         """Update number `update` (1-based) over this rank's micro-batches (collated Batch objects)."""
+        where = f"update {update}"  # for the message of a collective that fails
         # on the device when summed over processes: NCCL reduces CUDA tensors only
         head = torch.tensor([sum(b.ntokens for b in batches), sum(b.nsentences for b in batches),
                              *flags.as_floats()], dtype=torch.float64, device=self.device if self.info.enabled else None)
-        D.all_reduce_sum(head, self.info)
+        D.all_reduce_sum(head, self.info, where)
         out = StepResult(applied=False, ntokens=int(head[0]), nsentences=int(head[1]),
                          lr=self.objs.schedule.lr(update), flags=LoopFlags.from_sums(head[2:].tolist()))
         for g in self.objs.optimizer.param_groups:
             g["lr"] = out.lr
         try:
-            sums = self._backward(batches, scale=self.info.world_size / max(out.ntokens, 1))
+            sums = self._backward(batches, scale=self.info.world_size / max(out.ntokens, 1), where=where)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled; anything else re-raised
             if not is_oom(e):
                 raise
             return self._skip_oom(batches, out.flags)
-        D.all_reduce_sum(sums, self.info)
+        D.all_reduce_sum(sums, self.info, where)
         out.loss_sum, out.nll_sum = float(sums[0]), float(sums[1])
         self._apply(out, update)
         return out
 
-    def _backward(self, batches: list, scale: float) -> torch.Tensor:
+    def _backward(self, batches: list, scale: float, where: str) -> torch.Tensor:
         """Accumulate d(loss_sum * scale) over the micro-batches; -> [loss sum, nll sum] (float64)."""
         loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -124,14 +127,23 @@ class UpdateStep:
             last = i == len(batches) - 1
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with sync:
-                with autocast(self.device, self.amp_dtype):
+                with autocast(self.device, self.amp_dtype), self._ddp_collective(where):
                     logits = self.forward_model(b.src_tokens, b.prev_output_tokens)  # (B, T, V)
                 loss, nll, _ = label_smoothed_cross_entropy(logits, b.target, self.epsilon)
                 del logits
-                self.objs.scaler.scale(loss * scale).backward()
+                with self._ddp_collective(where, runs=last):
+                    self.objs.scaler.scale(loss * scale).backward()
             loss_acc += loss.detach().double()
             nll_acc += nll.detach().double()
         return torch.stack([loss_acc, nll_acc])
+
+    def _ddp_collective(self, where: str, runs: bool = True):
+        """Around a DDP call that runs collectives (`runs`): the syncing backward all-reduces the
+        gradients, and the forward after the first sync broadcasts rank 0's order of the gradient
+        buckets. Without DDP, or where it runs none (a backward under no_sync), nothing."""
+        if self.ddp is None or not runs:
+            return contextlib.nullcontext()
+        return D.collective("DDP's gradient all-reduce", self.info, where)
 
     def _apply(self, out: StepResult, update: int) -> None:
         """Norm, skip or clip, optimizer step, EMA; fills out.gnorm, out.applied, out.skip."""

@@ -97,7 +97,6 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, progress_console=None):
         # first: a torchrun worker records its launcher before anything slow (distributed.py)
         self._launcher = D.LauncherWatch()
-        self._phase = "set-up"  # what the ranks are doing together, for a failed collective's message
         cfg = cfg.validate()
         self.save_dir = Path(cfg.save_dir)
         if self.save_dir.exists() and not self.save_dir.is_dir():
@@ -250,8 +249,9 @@ class Trainer:
         if self.info.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            ddp = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                      broadcast_buffers=False)
+            with D.collective("DDP's parameter broadcast", self.info, "set-up"):  # rank 0's weights to all
+                ddp = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                          broadcast_buffers=False)
             fwd = ddp
         if self.cfg.compile:
             fwd = torch.compile(fwd, dynamic=True)
@@ -292,11 +292,12 @@ class Trainer:
         """Write checkpoint_last.pt (always) and the other `names` of it before it (rank 0 writes)."""
         t0 = time.perf_counter()
         lp = self.loop
-        self._phase = f"checkpoint at update {self.state.update}"
+        where = f"checkpoint at update {self.state.update}"  # for the message of a collective that fails
         if lp.best_pending:
             names = [*names, BEST]
         self.state.elapsed_s = lp.elapsed()
-        state = self._checkpoint_state()  # collective (RNG gather): every rank calls it
+        with D.during(where):
+            state = self._checkpoint_state()  # collective (RNG gather): every rank calls it
         if self.info.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             # the other names first, checkpoint_last.pt last: a kill before its rename leaves the
@@ -306,7 +307,7 @@ class Trainer:
             removed = ck.prune_checkpoints(self.save_dir, self.cfg.keep_last_updates, self.cfg.keep_last_epochs)
             self.log.write({"type": "checkpoint", "update": self.state.update, "files": [LAST, *names],
                             "removed": [p.name for p in removed], "seconds": round(time.perf_counter() - t0, 3)})
-        D.barrier(self.info)
+        D.barrier(self.info, where)
         lp.saved_at_update = self.state.update
         lp.best_pending = False
 
@@ -332,7 +333,6 @@ class Trainer:
     def _train_step(self, batches: list) -> StepResult:
         """One update over this rank's micro-batches (step.UpdateStep), counted in the TrainState."""
         lp = self.loop
-        self._phase = f"update {self.state.update + 1}"
         out = self.update_step(batches, self.state.update + 1,
                                lp.local_flags(self.cfg.max_time, self.cfg.save_interval_minutes))
         lp.flags = out.flags
@@ -352,18 +352,18 @@ class Trainer:
 
     def _validate(self) -> dict:
         cfg, st = self.cfg, self.state
-        self._phase = f"validation at update {st.update}"
         model = self.ema.model if self.ema is not None else self.model
-        res = self.validator.loss(model, self.device, self._autocast, self.epsilon)
-        rec = {"type": "valid", "epoch": st.last_epoch_done, "update": st.update, "loss": res.loss,
-               "nll_loss": res.nll_loss, "ppl": res.ppl, "tgt_tokens": res.ntokens,
-               "weights": "ema" if self.ema is not None else "raw"}
-        if cfg.eval_bleu:
-            rec["bleu"] = self.validator.bleu(
-                model, self.device, self._autocast, self._to_text, beam=cfg.eval_bleu_beam,
-                lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
-                max_len_b=cfg.eval_bleu_max_len_b, max_target_positions=self.arch_cfg.max_target_positions,
-            )
+        with D.during(f"validation at update {st.update}"):  # its sums and BLEU's gather are collectives
+            res = self.validator.loss(model, self.device, self._autocast, self.epsilon)
+            rec = {"type": "valid", "epoch": st.last_epoch_done, "update": st.update, "loss": res.loss,
+                   "nll_loss": res.nll_loss, "ppl": res.ppl, "tgt_tokens": res.ntokens,
+                   "weights": "ema" if self.ema is not None else "raw"}
+            if cfg.eval_bleu:
+                rec["bleu"] = self.validator.bleu(
+                    model, self.device, self._autocast, self._to_text, beam=cfg.eval_bleu_beam,
+                    lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
+                    max_len_b=cfg.eval_bleu_max_len_b, max_target_positions=self.arch_cfg.max_target_positions,
+                )
         value = rec["bleu"] if cfg.best_checkpoint_metric == "bleu" else res.nll_loss
         better = math.isfinite(value) and (st.best is None or (
             value > st.best if cfg.best_checkpoint_metric == "bleu" else value < st.best))
@@ -407,11 +407,8 @@ class Trainer:
                 D.init(info, self.device.type, cfg.ddp_timeout)
                 try:
                     return self._run()
-                except (RuntimeError, D.CollectiveFailed) as e:
-                    failed = self._collective_failed(e)  # a collective that timed out or lost a peer: one line
-                    if failed is None:
-                        raise
-                    raise failed from None
+                except D.CollectiveFailed as e:  # a collective that timed out or lost a peer: one line
+                    raise self._collective_failed(e) from None
                 finally:
                     D.shutdown(info)
             finally:
@@ -420,15 +417,9 @@ class Trainer:
         finally:
             self._launcher.close()
 
-    def _collective_failed(self, e: Exception) -> UserError | None:
-        """A UserError for a collective that failed (D.CollectiveFailed, or DDP's own error), else None."""
-        phase = self._phase
-        op = "DDP's gradient all-reduce" if phase.startswith("update") else \
-            "DDP's parameter broadcast" if phase == "set-up" else "a collective"
-        failed = D.collective_failure(e, op, self.info)
-        if failed is None:
-            return None
-        failed.where = phase
+    def _collective_failed(self, failed: D.CollectiveFailed) -> UserError:
+        """The run's last word on a failed collective: no save is possible (the other ranks cannot
+        take part), so it says which checkpoint the same command resumes from, and logs the end."""
         message = f"{failed}; {self._saved_note()} (run the same command to resume)"
         log = getattr(self, "log", None)
         if log is not None:
@@ -445,7 +436,7 @@ class Trainer:
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
         if info.enabled:  # before anything that waits on the others: fail fast, not at the timeout
-            check_same_start(D.all_gather_objects(describe_start(self.start, self.save_dir), info))
+            check_same_start(D.all_gather_objects(describe_start(self.start, self.save_dir), info, "set-up"))
         self._build()
         self._make_iterators()
         st = self.state

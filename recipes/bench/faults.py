@@ -15,6 +15,11 @@ own (`python -m nmtkit ...`, `python -m torch.distributed.run` for torchrun), wi
 timeout; its peak RSS is its own `ru_maxrss`, as `getrusage(RUSAGE_CHILDREN)` reports a child's,
 read for that one process with `os.wait4`.
 
+It runs from a checkout, never from an installed nmtkit, and puts two of the checkout's folders on
+sys.path: its root, for the nmtkit that builds the set-up, and tests/, for tests/fault_tools.py:
+the raw-socket HTTP clients and the training processes (torchrun, ranks started by hand, the
+subreaper that kills the launcher) that the fault tests use too, kept out of the installed package.
+
 Exit status: 0 when every row held; 1 when a row is BROKEN or could not be checked ("not
 available": a flag or runtime it needs is missing); 2 for bad arguments.
 """
@@ -41,7 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # the set-up is built by this checkout's nmtkit, which every command runs
+# the set-up is built by this checkout's nmtkit, which every command runs; its tests/ folder holds
+# the clients and processes shared with the fault tests (module docstring)
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from fault_tools import (  # noqa: E402
+    POST_HEAD, closed, connect, exchange, lock_is_free, log_has, read_all, start_two_ranks, subreaper_command,
+    torchrun_command,
+)
+
 PY = sys.executable
 NMTKIT = [PY, "-m", "nmtkit"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
@@ -57,9 +70,6 @@ FLOOD = 1100  # connections sending part of their headers: more than the open-fi
 GRACE_S = 5.0  # the server's --graceful-timeout
 DDP_TIMEOUT_S = 5
 LAUNCHER_S = 5.0  # the workers of a killed torchrun: exited within this many seconds
-TRAIN = ["--arch", "transformer_tiny", "--max-tokens", "256", "--lr-scheduler", "inverse_sqrt", "--lr", "3e-3",
-         "--warmup-updates", "5", "--threads", "1", "--device", "cpu", "--no-progress-bar", "--log-interval", "1",
-         "--no-validate", "--no-epoch-checkpoints", "--max-update", "100000"]
 GENERATE = ["--gen-subset", "valid", "--beam", "1", "--max-len-b", "4", "--quiet", "--threads", "1"]
 
 # Every row, in the order of the table: (id, what is done). The groups are the numbers.
@@ -480,48 +490,17 @@ class Serve:
             self.proc.wait(10)
 
 
-def connect(port: int, data: bytes = b"", timeout: float = 10) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    if data:
-        sock.sendall(data)
-    return sock
-
-
-def read_all(sock: socket.socket) -> bytes:
-    out = b""
-    with contextlib.suppress(ConnectionResetError):
-        while chunk := sock.recv(65536):
-            out += chunk
-    return out
-
-
 def request(port: int, method: str, path: str, body: bytes = b"", timeout: float = 10) -> tuple[int, bytes, float]:
     """(status, body, seconds) of one request on a new connection."""
     t0 = time.monotonic()
-    head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-    with connect(port, head + body, timeout) as sock:
-        raw = read_all(sock)
+    raw = exchange(port, method, path, body, timeout)
     if not raw:
         raise ConnectionError(f"{method} {path}: the connection was closed without an answer")
     top, _, payload = raw.partition(b"\r\n\r\n")
     return int(top.split()[1]), payload, time.monotonic() - t0
 
 
-def closed_by_peer(sock: socket.socket) -> bool:
-    sock.setblocking(False)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-
-
 TRANSLATE = json.dumps({"text": ["w1 w2"]}).encode()
-POST = b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 
 
 def attack_server(s: Setup) -> Iterator[Row]:
@@ -612,7 +591,7 @@ def _injection(server: Serve, port: int, s: Setup) -> tuple[str, str]:
 
 def _gone_mid_body(server: Serve, port: int, s: Setup) -> tuple[str, str]:
     before = len(server.raw)
-    with connect(port, POST % 100 + b'{"text": ["w1'):
+    with connect(port, POST_HEAD % 100 + b'{"text": ["w1'):
         time.sleep(0.3)
     wait_until(lambda: len(server.raw) > before, 5)
     time.sleep(0.5)
@@ -645,7 +624,7 @@ def _flood(server: Serve, port: int, s: Setup) -> tuple[str, str]:
             status, _, took = request(port, "POST", "/translate", TRANSLATE, timeout=10)
         except OSError as e:
             raise Check(BROKEN, f"with {len(flood)} slow connections open, a request got no answer: {e}") from None
-        evicted = sum(closed_by_peer(x) for x in flood)
+        evicted = sum(closed(x) for x in flood)
     finally:
         for x in flood:
             x.close()
@@ -665,7 +644,7 @@ def _flood(server: Serve, port: int, s: Setup) -> tuple[str, str]:
 
 def _stalled_upload_and_sigterm(server: Serve, port: int) -> tuple[str, str]:
     before = len(server.raw)
-    stalled = connect(port, POST % len(TRANSLATE) + TRANSLATE[:5], timeout=GRACE_S + 5)
+    stalled = connect(port, POST_HEAD % len(TRANSLATE) + TRANSLATE[:5], timeout=GRACE_S + 5)
     time.sleep(0.3)
     t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
@@ -714,79 +693,6 @@ def _everywhere(args: list) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------ 5. training
 
 
-def read_log(path: Path) -> list[dict]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
-def lock_is_free(save: Path) -> bool:
-    """Whether the save directory's lock (flock on SAVE_DIR/.nmtkit-train.lock) can be taken."""
-    import fcntl
-
-    try:
-        fd = os.open(save / ".nmtkit-train.lock", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def subreaper(cmd: list[str], log: str, err: str) -> dict:
-    """Run as a process of its own (`faults.py --subreaper`): start torchrun, wait for its two
-    workers and a checkpoint, kill -9 torchrun, and reap the orphaned workers (this process is
-    their subreaper): their exit statuses and how long after the kill they exited."""
-    import ctypes
-
-    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    with open(err, "w") as fh:
-        launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, env=ENV)
-
-    def children(pid: int) -> list[int]:
-        out = []
-        for d in os.listdir("/proc"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                if d.isdigit() and int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d))
-        return out
-
-    end = time.monotonic() + 150
-    while not (any(r.get("type") == "checkpoint" for r in read_log(Path(log))) and len(children(launcher.pid)) == 2):
-        if launcher.poll() is not None or time.monotonic() > end:
-            launcher.kill()
-            return {"error": f"no checkpoint within 150 s (torchrun {launcher.poll()})"}
-        time.sleep(0.1)
-    workers = children(launcher.pid)
-    os.kill(launcher.pid, signal.SIGKILL)
-    launcher.wait()
-    t0, status = time.monotonic(), {}
-    while len(status) < len(workers) and time.monotonic() < t0 + 30:
-        pid, st = os.waitpid(-1, os.WNOHANG)
-        if pid in workers:
-            status[pid] = [os.waitstatus_to_exitcode(st), round(time.monotonic() - t0, 2)]
-        elif pid == 0:
-            time.sleep(0.02)
-    for pid in workers:
-        if pid not in status:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)  # gone, and its lock with it, before the caller looks
-    return {"workers": workers, "status": status}
-
-
 def attack_training(s: Setup) -> Iterator[Row]:
     yield _row("5a", lambda: _launcher_killed(s))
     yield _row("5b", lambda: _stopped_rank(s))
@@ -795,9 +701,8 @@ def attack_training(s: Setup) -> Iterator[Row]:
 def _launcher_killed(s: Setup) -> tuple[str, str]:
     save = s.root / "train-launcher"
     err = s.root / "train-launcher.err"
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmtkit", "train",
-           str(s.data), "--save-dir", str(save), *TRAIN, "--save-interval-updates", "2"]
-    d = run([PY, __file__, "--subreaper", json.dumps(cmd), str(save / "train_log.jsonl"), str(err)], timeout=180)
+    d = run(subreaper_command(torchrun_command(s.data, save), save / "train_log.jsonl", err, wait_s=150, reap_s=30),
+            timeout=180)
     try:
         out = json.loads(d.out.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -824,20 +729,12 @@ def _launcher_killed(s: Setup) -> tuple[str, str]:
 
 
 def _stopped_rank(s: Setup) -> tuple[str, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     save = s.root / "train-stopped"
-    args = [*NMTKIT, "train", s.data, "--save-dir", save, *TRAIN, "--ddp-timeout", str(DDP_TIMEOUT_S)]
-    env = {**ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     errs = [s.root / f"train-rank{r}.err" for r in range(2)]
-    procs = []
-    for r in range(2):
-        with open(errs[r], "w") as fh:
-            procs.append(popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                               stdout=subprocess.DEVNULL, stderr=fh))
+    procs = start_two_ranks(s.data, save, errs, ENV, DDP_TIMEOUT_S)
+    _started.extend(procs)
     try:
-        if not wait_until(lambda: any(r.get("type") == "train" for r in read_log(save / "train_log.jsonl"))
+        if not wait_until(lambda: log_has(save / "train_log.jsonl", "train")
                           or any(p.poll() is not None for p in procs), 120, poll=0.1) \
                 or any(p.poll() is not None for p in procs):
             if any(p.poll() is not None for p in procs) and "--ddp-timeout" not in help_of("train"):
@@ -930,11 +827,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="an empty or new folder for the set-up, kept (default: a new temporary folder, "
                                    "removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    ap.add_argument("--subreaper", nargs=3, metavar=("CMD", "LOG", "ERR"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.subreaper:
-        print(json.dumps(subreaper(json.loads(a.subreaper[0]), a.subreaper[1], a.subreaper[2])), flush=True)
-        return 0
     groups = [g.strip() for g in a.only.split(",") if g.strip()]
     if not groups or any(g not in GROUPS for g in groups):
         ap.error(f"--only takes group numbers among {', '.join(GROUPS)}, got {a.only!r}")
