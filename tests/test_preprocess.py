@@ -424,6 +424,7 @@ def test_force_replaces_only_the_datasets_own_files(tmp_path, corpus, run_cli):
 
 _CRASH_RUNNER = """
 import os, sys
+from nmtkit import workdir as W
 from nmtkit.data import install as I
 from nmtkit.data.preprocess import PreprocessConfig, preprocess
 
@@ -449,8 +450,8 @@ def install(*a, **kw):
         state["on"] = False
 
 I.install = install
-I._exchange = (lambda a, b: False) if fallback else step(I._exchange)
-os.rename, os.unlink, os.rmdir = step(os.rename), step(os.unlink), step(os.rmdir)
+W.exchange = (lambda a, b: False) if fallback else step(W.exchange)
+os.rename, os.replace, os.unlink, os.rmdir = step(os.rename), step(os.replace), step(os.unlink), step(os.rmdir)
 preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=raw + "/train", destdir=dest,
                             bpe="none", force=True))
 print("finished after", state["n"], "steps")

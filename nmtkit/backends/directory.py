@@ -20,40 +20,27 @@ given, sha256, update, whether its EMA weights were taken, the files it was aver
 so that the data directory's readers (`load_dictionaries`, `subword_model_path` and
 `load_model_file`, the parsing tree writer) read the export directory through the same code.
 
-Writing: the directory is built in a hidden working folder beside it and renamed into place
+Writing: the directory is built in a hidden working folder beside it and put into place
 (`atomic_directory`); an export that is killed leaves its working folders, which the next export
-into the same folder removes once their lock shows their export gone (`remove_leftovers`).
+into the same folder removes once their lock shows their export gone (`remove_leftovers`). How
+the folders are locked, swapped and cleaned up is nmtkit.workdir's, shared with the data directory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from nmtkit import workdir
 from nmtkit.errors import UserError
 from nmtkit.io import read_json
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on Windows
-    fcntl = None  # type: ignore[assignment]
 
 INFO_NAME = "nmtkit.json"
 FORMAT_NAME = "nmtkit-export"
 FORMAT_VERSION = 1
-
-# The hidden folders an export works in, beside --output NAME: `.NAME.nmtkit-export-XXXXXXXX.tmp`
-# (the new directory being built) and `.NAME.nmtkit-export-XXXXXXXX.old` (an earlier export moved
-# aside for the rename, holding it as NAME). Their owner holds an flock on each while it lives.
-WORK_MARK = "nmtkit-export"
-WORK_RE = re.compile(rf"^\.(?P<name>.+)\.{WORK_MARK}-[a-z0-9_]{{8}}\.(?P<kind>tmp|old)$")
 
 
 def is_export_dir(path: str | os.PathLike) -> bool:
@@ -146,168 +133,46 @@ def check_output(output: str | os.PathLike, force: bool, inputs: list[tuple[str,
     return out
 
 
-# ---- the working folders: locked by their export, removed by a later one once it is gone -----------
-#
-# Why a lock and not the pid in the name or an age: flock is released by the system when its
-# process ends, however it ends (SIGKILL, out of memory), so a folder whose lock can be taken
-# belongs to no live export; a pid can be reused, and an export can run for longer than any age.
-# `nmtkit preprocess` and `nmtkit train` lock their folders the same way. Where flock does not
-# exist (Windows), nothing is removed. A later export takes the lock of each leftover before it
-# deletes it and keeps it until the folder is gone, and a new folder counts as taken only once
-# its creator holds its lock and finds it still in place, so the two never race.
+# ---- the working folders (nmtkit.workdir locks them, swaps the new directory in and cleans up) -----
 
-
-class _NoLocks(Exception):
-    """The file system refuses flock (some network mounts): no folder can be told dead."""
-
-
-def _take(path: Path) -> int | None:
-    """An fd holding an exclusive flock on directory `path` (closing it releases the lock), or
-    None when a live process holds it or `path` is not a plain directory; `_NoLocks` where flock
-    is not available."""
-    if fcntl is None:
-        raise _NoLocks
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return None
-        raise _NoLocks from None
-    return fd
-
-
-def _work_folder(out: Path, kind: str) -> tuple[Path, int | None]:
-    """A new hidden folder beside `out` (`kind` "tmp" or "old") with a plain mkdir's permissions,
-    and the fd of its lock (None where the file system has no flock)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for _ in range(100):
-        d = Path(tempfile.mkdtemp(prefix=f".{out.name}.{WORK_MARK}-", suffix=f".{kind}", dir=out.parent))
-        try:
-            fd = _take(d)
-        except _NoLocks:
-            fd = None
-        else:
-            if fd is None:
-                continue  # another export is removing it as a leftover: it never was this one's
-            here = None
-            with contextlib.suppress(OSError):
-                here = os.stat(d, follow_symlinks=False)
-            mine = os.fstat(fd)
-            if here is None or (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
-                os.close(fd)  # removed as a leftover before this export locked it: make another
-                continue
-        os.chmod(d, 0o777 & ~umask)  # mkdtemp makes 0700
-        return d, fd
-    raise OSError(f"cannot make a working folder beside {out}: each one vanished before it could be locked")
-
-
-def _release(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
+# Beside --output NAME: `.NAME.nmtkit-export-XXXXXXXX.tmp` (the new directory being built) and
+# `.NAME.nmtkit-export-XXXXXXXX.old` (an earlier export moved aside for the rename).
+_FOLDERS = workdir.WorkFolders(
+    build=".{name}.nmtkit-export-{rand}.tmp", aside=".{name}.nmtkit-export-{rand}.old", marker=INFO_NAME,
+    restored="restored {target} from {name}, where an interrupted 'nmtkit export --force' had moved it",
+    removed="removed {path}, left by an interrupted 'nmtkit export'")
 
 
 def remove_leftovers(output: str | os.PathLike) -> list[str]:
     """Remove the working folders that killed exports left beside `output` (for any --output in
     that folder); return what was done, one line each, for the user.
 
-    A leftover `.old` whose export is missing is that export itself, moved aside by a --force
-    replacement killed before it renamed the new one into place: it is put back instead. Folders
-    of exports still running are locked, and left alone. Call it before checking --output, which
-    a restored export occupies again.
+    An export that a --force replacement moved aside and that is missing is put back instead.
+    Folders of exports still running are locked, and left alone. Call it before checking
+    --output, which a restored export occupies again.
     """
-    try:
-        # the .old ones first, newest first: the newest is the export that was last in place
-        found = sorted((q for q in Path(output).parent.iterdir() if WORK_RE.match(q.name)),
-                       key=lambda q: (q.name.endswith(".tmp"), -_mtime(q)))
-    except OSError:  # no parent folder yet, or one that cannot be listed: nothing to do
-        return []
-    done: list[str] = []
-    for p in found:
-        try:
-            fd = _take(p)
-        except _NoLocks:
-            return done
-        if fd is None:
-            continue
-        try:
-            line = _clear(p)
-        finally:
-            _release(fd)
-        if line is not None:
-            done.append(line)
-    return done
-
-
-def _clear(p: Path) -> str | None:
-    """Remove the dead working folder `p`, or put back the export it holds (see
-    `remove_leftovers`); what was done, or None where nothing could be."""
-    m = WORK_RE.match(p.name)
-    dest, kept = p.parent / m.group("name"), p / m.group("name")
-    if m.group("kind") == "old" and not os.path.lexists(dest) and (kept / INFO_NAME).is_file():
-        try:
-            os.rename(kept, dest)
-        except OSError:
-            return None  # left as it is: it holds the only copy of that export
-        shutil.rmtree(p, ignore_errors=True)
-        return f"restored {dest} from {p.name}, where an interrupted 'nmtkit export --force' had moved it"
-    shutil.rmtree(p, ignore_errors=True)
-    return None if os.path.lexists(p) else f"removed {p}, left by an interrupted 'nmtkit export'"
-
-
-def _mtime(p: Path) -> float:
-    try:
-        return p.stat().st_mtime
-    except OSError:
-        return 0.0
+    return _FOLDERS.clear(Path(output), every_name=True)
 
 
 @contextlib.contextmanager
 def atomic_directory(output: str | os.PathLike) -> Iterator[Path]:
-    """A new hidden folder beside `output`, renamed to `output` only if the block succeeds.
+    """A new hidden folder beside `output`, put in place as `output` only if the block succeeds.
 
-    An earlier `output` (the caller allowed it with --force) is moved aside first and deleted
-    after the rename, so a crash leaves either the old directory or the new one, and a failure in
-    the block leaves `output` untouched and no temporary folder behind. A kill leaves the locked
-    working folders (`WORK_RE`), which `remove_leftovers` removes (or puts back) once this
-    process is gone.
+    An earlier `output` (the caller allowed it with --force) is swapped out and deleted (or moved
+    aside for the rename, where the system cannot swap), so a crash leaves either the old
+    directory or the new one, and a failure in the block leaves `output` untouched and no
+    temporary folder behind. A kill leaves the locked working folders, which `remove_leftovers`
+    removes (or puts back) once this process is gone.
     """
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp, tmp_lock = _work_folder(out, "tmp")
+    tmp = _FOLDERS.build_folder(out)
     try:
         yield tmp
-        _put_in_place(tmp, out)
+        _FOLDERS.put_in_place(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        workdir.discard(tmp)
         raise
-    finally:
-        _release(tmp_lock)
-
-
-def _put_in_place(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`. An existing `out` is moved into a locked `.old` working folder for
-    the rename and deleted after it, or put back if the rename fails."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old, lock = _work_folder(out, "old")
-    try:
-        os.replace(out, old / out.name)
-        try:
-            os.replace(tmp, out)
-        except BaseException:
-            os.replace(old / out.name, out)
-            raise
-    finally:
-        if os.path.lexists(out):  # else the earlier export is only in `old`: the next export puts it back
-            shutil.rmtree(old, ignore_errors=True)
-        _release(lock)
 
 
 def write_info(folder: Path, info: dict) -> None:

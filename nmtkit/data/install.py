@@ -14,6 +14,7 @@ Now:
   the old dataset there, and the next `preprocess` (`recover`) renames it back.
 - A directory being built or replaced is locked (flock) by its run, so `recover` removes only
   the leftovers of runs that are gone, never those of a run still going.
+- The locking, the swap and the clean-up are nmtkit.workdir's, which `nmtkit export` shares.
 
 A directory is an nmtkit dataset when it holds `MANIFEST_NAME` of format `FORMAT_NAME` (any
 version); both are defined here because replacing and restoring have to recognise a dataset, and
@@ -23,30 +24,18 @@ nmtkit.data.manifest, which reads and writes the manifest itself, takes them fro
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import re
-import shutil
-import sys
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Callable
 
+from nmtkit import workdir
 from nmtkit.errors import UserError
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on Windows
-    fcntl = None  # type: ignore[assignment]
 
 MANIFEST_NAME = "manifest.json"  # written last: a directory holding it (complete) is a dataset
 # which files were checked against the manifest's sha256, as they were then (nmtkit.data.manifest)
 VERIFIED_NAME = ".nmtkit-verified.json"
 FORMAT_NAME = "nmtkit-data"  # the manifest's "format": what nmtkit wrote, whatever its version
-
-_LOCKS: dict[str, int] = {}  # path -> fd holding the flock, while this process owns the directory
 
 
 def dataset_files(dest: Path) -> set[str] | None:
@@ -97,46 +86,14 @@ def check_replaceable(dest: Path, owned: set[str] | None) -> None:
                     "another --destdir")
 
 
-# ---- locks: which hidden directories belong to a live run --------------------------------------
+# ---- building beside DESTDIR and swapping (nmtkit.workdir locks, swaps and cleans up) -------------
 
-
-def _lock(path: Path) -> None:
-    """Hold an exclusive flock on directory `path` until `_unlock` (or this process ends)."""
-    if fcntl is None:
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise
-    _LOCKS[str(path)] = fd
-
-
-def _unlock(path: Path) -> None:
-    fd = _LOCKS.pop(str(path), None)
-    if fd is not None:
-        os.close(fd)
-
-
-def _in_use(path: Path) -> bool:
-    """True while some live process holds `path`'s lock (this one included)."""
-    if fcntl is None:
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return True  # vanished or unreadable: leave it alone
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing releases the probe's lock
-    return False
-
-
-# ---- building beside DESTDIR and swapping ---------------------------------------------------------
+# Beside DESTDIR NAME: `.NAME.XXXXXXXX.partial` (the new dataset being built) and
+# `.NAME.old-XXXXXXXX` (the old one renamed aside where the system cannot swap).
+_FOLDERS = workdir.WorkFolders(
+    build=".{name}.{rand}.partial", aside=".{name}.old-{hex}", marker=MANIFEST_NAME,
+    restored="restored {target} from {name}, where an interrupted 'nmtkit preprocess --force' left it",
+    removed="removed {path}, left by an interrupted 'nmtkit preprocess'")
 
 
 def _real(dest: Path) -> Path:
@@ -145,51 +102,17 @@ def _real(dest: Path) -> Path:
     return Path(os.path.realpath(dest)) if dest.is_symlink() and dest.is_dir() else dest
 
 
-
 def temp_dir(dest: Path) -> Path:
     """A new hidden directory beside `dest` to build in, locked by this process."""
-    dest = _real(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
-    _lock(tmp)
-    return tmp
+    return _FOLDERS.build_folder(_real(dest))
 
 
 def remove_temp_dir(tmp: Path) -> None:
-    _unlock(tmp)
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two directory entries atomically (Linux renameat2 RENAME_EXCHANGE). False where the
-    system or the file system cannot; the caller then uses two renames."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # glibc < 2.28, musl
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    workdir.discard(tmp)
 
 
 def _apply_umask(tmp: Path) -> None:
-    """mkdtemp/mkstemp create private (0700/0600) entries; give the result the usual permissions."""
+    """mkstemp/mkdtemp create private (0600/0700) entries; give the result the usual permissions."""
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(tmp, 0o777 & ~mask)
@@ -204,72 +127,26 @@ def install(tmp: Path, dest: Path, owned: set[str] | None) -> None:
     once the new one is in place."""
     _apply_umask(tmp)
     dest = _real(dest)
-    if not dest.exists():
-        os.rename(tmp, dest)
-        _unlock(tmp)
-    else:
+    if dest.exists():
         check_replaceable(dest, owned)
-        if _exchange(tmp, dest):
-            _unlock(tmp)  # the lock stays with the new data (now at dest); tmp holds the old
-            old = tmp
-        else:
-            old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
-            _lock(dest)  # the old data, soon at `old`: not a leftover while this run lives
-            os.rename(dest, old)
-            try:
-                os.rename(tmp, dest)
-            except BaseException:
-                os.rename(old, dest)
-                _unlock(dest)
-                raise
-            _unlock(tmp)
-            _LOCKS[str(old)] = _LOCKS.pop(str(dest))
-        _fsync_dir(dest.parent)
-        _unlock(old)
-        shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(dest.parent)
+    _FOLDERS.put_in_place(tmp, dest)
 
 
 # ---- the next run: leftovers of a killed one --------------------------------------------------
-
-
-def _leftovers(dest: Path) -> list[tuple[str, Path]]:
-    """("partial" | "old", path) for the hidden directories beside `dest` of runs no longer alive."""
-    if not dest.parent.is_dir():
-        return []
-    name = re.escape(dest.name)
-    partial = re.compile(rf"^\.{name}\.[a-z0-9_]{{8}}\.partial$")
-    old = re.compile(rf"^\.{name}\.old-[0-9a-f]{{8}}$")
-    out = []
-    for p in sorted(dest.parent.iterdir()):
-        kind = "partial" if partial.match(p.name) else "old" if old.match(p.name) else None
-        if kind and p.is_dir() and not p.is_symlink() and not _in_use(p):
-            out.append((kind, p))
-    return out
 
 
 def recover(dest: Path, log: Callable[[str], None]) -> None:
     """Finish what a killed `preprocess` left: when `dest` is missing but the dataset it was
     replacing survives beside it (`.NAME.old-*`, the two-rename fallback), rename it back; then
     remove the hidden build and old directories of runs that are gone."""
-    dest = _real(dest)
-    found = _leftovers(dest)
-    if not dest.exists() and not dest.is_symlink():
-        olds = [p for kind, p in found if kind == "old" and (p / MANIFEST_NAME).is_file()]
-        if olds:
-            back = max(olds, key=lambda p: p.stat().st_mtime)
-            os.rename(back, dest)
-            found = [(k, p) for k, p in found if p != back]
-            log(f"restored {dest} from {back.name}, where an interrupted 'nmtkit preprocess --force' left it")
-    for _, p in found:
-        shutil.rmtree(p, ignore_errors=True)
-        log(f"removed {p}, left by an interrupted 'nmtkit preprocess'")
+    for line in _FOLDERS.clear(_real(dest)):
+        log(line)
 
 
 def interrupted_install_hint(dest: Path) -> str:
     """For a missing data directory: where an interrupted --force install left its dataset, if it did."""
     with contextlib.suppress(OSError):
-        olds = [p for kind, p in _leftovers(dest) if kind == "old"]
+        olds = _FOLDERS.left_aside(dest)
         if olds:
             return (f" (an interrupted 'nmtkit preprocess --force' left the previous dataset in {olds[0]}; "
                     "run the same preprocess command again to restore it or finish)")
