@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from nmtkit.errors import UserError, first_line
-from nmtkit.io import atomic_write
+from nmtkit.io import atomic_write, require_exists
 
 FORMAT_VERSION = 1
 MAGIC = "nmtkit_checkpoint"
@@ -129,12 +129,6 @@ def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any
         if not mmap or "mmap" not in str(e):
             raise
         return torch.load(path, map_location=map_location, weights_only=True)
-
-
-def require_exists(path: str | os.PathLike) -> None:
-    """UserError "checkpoint not found" when `path` (a checkpoint, or an export directory) is absent."""
-    if not Path(path).exists():
-        raise UserError(f"checkpoint not found: {path}")
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:

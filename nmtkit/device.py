@@ -4,7 +4,8 @@ after use it.
 One set of accepted values everywhere: 'auto' (CUDA if available, else CPU), 'cpu', 'cuda'
 (this process's local rank under torchrun, else device 0), 'cuda:N' and 'mps'. `parse_device`
 reads the flag without importing torch (an engine that runs without torch checks it against its
-own runtime); `resolve_device` turns it into a torch.device. A device that is absent is a
+own runtime); `resolve_device` turns it into a torch.device. `--precision`'s names live here
+too (`check_precision`), beside the device they run on. A device that is absent is a
 `UserError` naming the flag, never a late CUDA error.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from nmtkit.errors import UserError
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+# --precision of every command: weights and activations (nmtkit.models.loading maps them to dtypes)
+PRECISION_NAMES = ("fp32", "bf16", "fp16")
 KINDS = ("auto", "cpu", "cuda", "mps")
 # torch's other device types: a name torch knows but nmtkit does not run on
 _OTHER_TORCH_TYPES = ("meta", "xpu", "xla", "hpu", "ipu", "mtia", "maia", "lazy", "vulkan", "ve", "fpga", "hip",
@@ -117,3 +120,10 @@ def keep_freed_cpu_memory() -> bool:
     # mallopt returns 1 on success; the first setting stays even if the second were refused
     _allocator_tuned = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 256 << 20))
     return _allocator_tuned
+
+
+def check_precision(name: str) -> str:
+    """A --precision value, checked (no torch imported); UserError naming the flag otherwise."""
+    if name not in PRECISION_NAMES:
+        raise UserError(f"--precision must be one of {', '.join(PRECISION_NAMES)}, got {name!r}")
+    return name

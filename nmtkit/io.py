@@ -42,6 +42,12 @@ def require_file(path: str | os.PathLike, flag: str) -> None:
     raise UserError(f"{flag} {path}: no such file")
 
 
+def require_exists(path: str | os.PathLike) -> None:
+    """UserError "checkpoint not found" when `path` (a checkpoint, or an export directory) is absent."""
+    if not Path(path).exists():
+        raise UserError(f"checkpoint not found: {path}")
+
+
 def read_json(path: Path) -> object:
     """The JSON value in file `path` (UTF-8); UserError naming the file when it is not JSON."""
     try:

@@ -41,13 +41,13 @@ CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": Prep
 # Fields with no flag, set by library callers only (a new field must get a flag or be listed here).
 LIBRARY_ONLY = {
     TrainConfig: {"arch_overrides", "log_file", "prefetch"},  # arch_overrides: the Architecture flags
-    GenerateOptions: {"engine_note"},  # set by from_flags: the engine's defaults it chose
+    GenerateOptions: {"engine_note", "source"},  # set by from_flags: the engine's defaults it chose, the model
     SearchConfig: {"seed", "max_len_cap", "pad", "bos", "eos", "unk"},  # seed: from GenerateOptions.seed
     PreprocessConfig: {"target_bpe", "extra_files", "extra_manifest"},
     PreprocessJob: set(),
     ScoreOptions: set(),
-    ServeOptions: {"engine_note"},
-    AttentionOptions: set(),
+    ServeOptions: {"engine_note", "source"},
+    AttentionOptions: {"source"},
     ExportOptions: set(),
 }
 
@@ -367,10 +367,17 @@ def test_train_config_from_flags_equals_the_library_defaults():
         cli_values_to_config(TrainConfig, _cli_defaults(TrainConfig, data_dir="d", save_dir="s", adam_betas="0.9"))
 
 
-def test_decoding_presets_set_the_penalty_and_stopping_rule_unless_given(monkeypatch):
-    import nmtkit.generation.model_flags as G
+def fake_manifests(monkeypatch):
+    """Data directories that are never read: "parsing" is a parsing data directory, any other a
+    translation one (the flags' --max-len-b default: 300 or 50)."""
+    from nmtkit.backends.registry import ModelSource
 
-    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 50)
+    monkeypatch.setattr(ModelSource, "manifest", property(lambda s: {"task": "parsing"} if s.folder == "parsing" else {}))
+
+
+def test_decoding_presets_set_the_penalty_and_stopping_rule_unless_given(monkeypatch):
+
+    fake_manifests(monkeypatch)
 
     def search(**given):
         return cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="d", paths=["a"],
@@ -387,9 +394,8 @@ def test_decoding_presets_set_the_penalty_and_stopping_rule_unless_given(monkeyp
 
 
 def test_generate_options_from_flags(monkeypatch):
-    import nmtkit.generation.model_flags as G
 
-    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 300 if data_dir == "parsing" else 50)
+    fake_manifests(monkeypatch)
     opts = cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="d", paths=("a.pt",)))
     assert opts == GenerateOptions(data_dir="d", paths=["a.pt"])
     opts = cli_values_to_config(GenerateOptions, _cli_defaults(GenerateOptions, data_dir="parsing", paths=["a"], progress=True))
@@ -399,7 +405,6 @@ def test_generate_options_from_flags(monkeypatch):
 
 
 def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
-    import nmtkit.generation.model_flags as G
 
     gen = {f.name: f for f in dataclasses.fields(GenerateOptions)}
     for f in dataclasses.fields(ServeOptions):
@@ -407,7 +412,7 @@ def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
             assert f.metadata == gen[f.name].metadata and f.default == gen[f.name].default, f.name
     assert {"data_dir", "paths", "search", "device", "precision", "threads", "ema"} <= {
         f.name for f in dataclasses.fields(ServeOptions) if f.name in gen}
-    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 300 if data_dir == "parsing" else 50)
+    fake_manifests(monkeypatch)
     opts = cli_values_to_config(ServeOptions, _cli_defaults(ServeOptions, data_dir="d", paths=["a.pt"]))
     assert opts == ServeOptions(data_dir="d", paths=["a.pt"])
     opts = cli_values_to_config(ServeOptions, _cli_defaults(ServeOptions, data_dir="parsing", paths=["a"], beam=5))
@@ -415,10 +420,9 @@ def test_serve_shares_generates_fields_and_resolves_max_len_b(monkeypatch):
 
 
 def test_flags_with_an_optional_value(monkeypatch):
-    import nmtkit.generation.model_flags as G
     from nmtkit.settings import fill_optional_values, optional_values
 
-    monkeypatch.setattr(G, "default_max_len_b", lambda data_dir: 50)
+    fake_manifests(monkeypatch)
 
     values = optional_values(GenerateOptions)
     assert values == {"--print-alignment": "subword", "--constraints": "unordered"}

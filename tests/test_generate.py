@@ -436,7 +436,7 @@ def test_the_buffer_is_one_line_for_a_terminal_on_stdin(monkeypatch):
 
     def size(tty: bool, **flags) -> int:
         monkeypatch.setattr(sys.stdin, "isatty", lambda: tty, raising=False)
-        values = {"paths": ["m.pt"], "data_dir": None, "search": {"max_len_b": 5}, "buffer_size": None, **flags}
+        values = {"paths": ["m.pt"], "data_dir": "d", "search": {"max_len_b": 5}, "buffer_size": None, **flags}
         return GenerateOptions.from_flags(values).buffer_size
 
     assert size(True, input="-") == 1  # typed lines are answered one by one

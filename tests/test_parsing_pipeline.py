@@ -280,10 +280,17 @@ def test_generate_on_the_training_split_uses_the_decoded_source(parsing_dir, tmp
     check_trees(lines(r.out), [" ".join(Tree.parse(t).leaves()) for t in NORM])
 
 
+def default_max_len_b(data_dir: str) -> int:
+    """generate's --max-len-b when not given, for a checkpoint trained on `data_dir`."""
+    from nmtkit.backends.registry import describe
+    from nmtkit.generation.model_flags import search_flag_defaults
+
+    return search_flag_defaults({"max_len_b": None}, None, describe(["m.pt"], data_dir))[0]["max_len_b"]
+
+
 def test_perfect_outputs_score_100_and_defaults(parsing_dir):
     """The writer's tree for the gold sequence is the gold tree (F1 100); madeupword fillers are
     dropped; --max-len-b defaults to 300 on a parsing data dir only."""
-    from nmtkit.generation.model_flags import default_max_len_b
     from nmtkit.scoring.parseval import evaluate
 
     root, data, _ = parsing_dir
@@ -303,7 +310,6 @@ def test_perfect_outputs_score_100_and_defaults(parsing_dir):
 
 def test_max_len_b_default_stays_50_for_translation(tmp_path):
     from nmtkit.data.preprocess import preprocess
-    from nmtkit.generation.model_flags import default_max_len_b
 
     for lang in ("de", "en"):
         (tmp_path / f"t.{lang}").write_text("a b c\nd e\n", encoding="utf-8")

@@ -242,11 +242,11 @@ def test_generate_valid_combinations_are_accepted(export_dir):
 
 
 def test_check_model_options_returns_the_export(export_dir):
-    from nmtkit.backends.registry import CHECKPOINT, check_combination
+    from nmtkit.backends.registry import CHECKPOINT, describe
     from nmtkit.generation.model_flags import check_model_options
 
-    assert check_combination(["m.pt"], "d", ema=True) == CHECKPOINT
-    assert check_combination([export_dir], None) == "ctranslate2"
+    assert describe(["m.pt"], "d", ema=True).format == CHECKPOINT
+    assert describe([export_dir], None).format == "ctranslate2"
     assert check_model_options(gen(paths=[export_dir], data_dir=None)) == export_dir
     assert check_model_options(gen()) is None
 

@@ -68,18 +68,17 @@ def read_info(path: str | os.PathLike) -> dict:
     return info
 
 
-def load_export(path: str | os.PathLike) -> dict:
-    """`read_info`, then the directory's files: the runtime's present, every copied data file
-    checked against its sha256. UserError (one line naming the file) for a damaged directory."""
+def check_files(path: str | os.PathLike, info: dict) -> None:
+    """The directory's files against its description `info` (`read_info`): the runtime's
+    present, every copied data file checked against its sha256. UserError (one line naming the
+    file) for a damaged directory."""
     from nmtkit.data.manifest import verify_files
 
     d = Path(path)
-    info = read_info(d)
     for name in info["runtime"].get("files", []):
         if not (d / name).is_file():
             raise UserError(f"{d / name}: missing (listed in {INFO_NAME}); export the model again")
     verify_files(d, info["data"])
-    return info
 
 
 def data_files(manifest: dict) -> list[str]:

@@ -28,7 +28,6 @@ import numpy as np
 from nmtkit.errors import UserError
 from nmtkit.search.config import Hypothesis, SearchConfig
 
-PRECISION_NAMES = ("fp32", "bf16", "fp16")  # --precision (nmtkit.models.loading.PRECISIONS holds their dtypes)
 QUANTIZE_CHOICES = ("none", "int8")  # --quantize (nmtkit.models.quantize applies int8)
 
 

@@ -2,10 +2,11 @@
 
 Why one place: `nmtkit generate`, `serve`, `attention` and `Translator.load` all take a model
 path that is either nmtkit's own checkpoint(s) with their data directory, or a directory made by
-`nmtkit export`. `describe` decides which, once, from the directory's own description file
-(`nmtkit.json`, whose `runtime.name` is its format), and `engine_class` gives the engine that
-runs it. The rules about what each can be combined with (ensembles, a data directory beside an
-export, --ema, --quantize) follow the engine's declared support, in `check_combination` and
+`nmtkit export`. `describe` decides which, once per command, from the directory's own
+description file (`nmtkit.json`, whose `runtime.name` is its format, read once), and gives a
+`ModelSource` that the command passes along: nothing downstream reads a description again. The
+rules about what each can be combined with (ensembles, a data directory beside an export, --ema,
+--quantize) follow the engine's declared support (`engine_class`), in `describe` and
 `check_quantize`.
 
 Adding a runtime format: a package `nmtkit/backends/NAME/` with `convert.py` (`QUANTIZATIONS`,
@@ -18,7 +19,6 @@ from __future__ import annotations
 import importlib
 import os  # noqa: F401 - os.PathLike in annotations
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from nmtkit.errors import UserError
 
@@ -41,38 +41,107 @@ def engine_class(fmt: str):
     return format_module(fmt, "engine").ENGINE
 
 
-def export_format(path: str | os.PathLike) -> str | None:
-    """The format of export directory `path` (its nmtkit.json's runtime), or None when `path`
-    is not an export directory (a checkpoint file, or anything else)."""
+def export_info(path: str | os.PathLike) -> dict | None:
+    """The checked description (`nmtkit.json`) of export directory `path`, whose runtime this
+    nmtkit runs; None when `path` is not an export directory (a checkpoint file, or anything else)."""
     from nmtkit.backends.directory import is_export_dir, read_info
 
     if not is_export_dir(path):
         return None
-    name = read_info(path)["runtime"].get("name")
+    info = read_info(path)
+    name = info["runtime"].get("name")
     if name in EXPORT_ONLY:
         raise UserError(f"{path} is a {name} export, for another library (docs/export.md); nmtkit does not "
                         f"translate with it: use its checkpoint, or nmtkit import-hf {path}")
     if name not in FORMATS:
         raise UserError(f"{path}: exported for {name!r}, which this nmtkit cannot run "
                         f"(known: {', '.join(FORMATS)})")
-    return name
+    return info
 
 
-def find_export(paths: Sequence[str]) -> tuple[str, str] | None:
-    """(the export directory among `paths`, its format), or None: all are checkpoints."""
+class ModelSource:
+    """What a model path is, decided once per command (`describe`) and then passed along: nmtkit
+    checkpoints with their data directory, or one export directory carrying its own copies of
+    the data directory's files. Each description is read once: an export's `nmtkit.json` by
+    `describe`, a data directory's manifest when first asked for (`manifest`)."""
+
+    def __init__(self, format: str, engine: type, paths: tuple[str, ...], folder: str,
+                 manifest: dict | None = None, info: dict | None = None):
+        self.format = format  # CHECKPOINT or an export format
+        self.engine = engine  # the Engine subclass that runs it (`engine_class(format)`)
+        self.paths = tuple(paths)
+        self.folder = folder  # where the dictionaries and subword models are: the data directory or the export
+        self.info = info  # an export's nmtkit.json; None for checkpoints
+        self._manifest = manifest
+        self._checked = False
+
+    @property
+    def export(self) -> str | None:
+        """The export directory, or None for checkpoints."""
+        return None if self.info is None else self.paths[0]
+
+    @property
+    def manifest(self) -> dict:
+        """The data directory's manifest (read on first use), or the export's copy of its entries."""
+        if self._manifest is None:
+            from nmtkit.data.manifest import load_manifest
+
+            self._manifest = load_manifest(self.folder)
+        return self._manifest
+
+    def check(self) -> None:
+        """What the description names, checked once before anything is loaded: the checkpoints
+        there and their data directory's manifest read, or an export's files against its
+        `nmtkit.json` (the runtime's present, the copied data files' sha256)."""
+        if self._checked:
+            return
+        if self.info is None:
+            from nmtkit.io import require_exists
+
+            for p in self.paths:
+                require_exists(p)
+            self.manifest  # noqa: B018 - read now: "data directory not found" before any weight is loaded
+        else:
+            from nmtkit.backends.directory import check_files
+
+            check_files(self.folder, self.info)
+        self._checked = True
+
+    def dictionaries(self):
+        """(source Dictionary, target Dictionary), checked against their sha256."""
+        from nmtkit.data.manifest import load_dictionaries
+
+        return load_dictionaries(self.folder, self.manifest)
+
+    def subword_model(self, lang: str):
+        """Language `lang`'s subword model, checked against its sha256."""
+        from nmtkit.data.subwords import load_subword_model
+
+        return load_subword_model(self.folder, lang, self.manifest)
+
+
+def find_export(paths: Sequence[str]) -> tuple[str, str, dict] | None:
+    """(the export directory among `paths`, its format, its nmtkit.json), or None: all are
+    checkpoints. Each directory's description is read once."""
     for p in paths:
-        fmt = export_format(p)
-        if fmt is not None:
-            return str(p), fmt
+        info = export_info(p)
+        if info is not None:
+            return str(p), info["runtime"]["name"], info
     return None
 
 
-def check_combination(paths: Sequence[str], data_dir, *, ema: bool = False, api: bool = False) -> str:
-    """The format of `paths` after refusing what it cannot be combined with, in one line phrased
-    for the command line's flags (or, with `api`, for `Translator.load`'s arguments)."""
+def describe(paths: Sequence[str], data_dir, *, ema: bool = False, api: bool = False,
+             forced: str | None = None) -> ModelSource:
+    """What `paths` are, decided once: nmtkit checkpoints with `data_dir`, or one export directory
+    (its `nmtkit.json` read here, once), after refusing what the format cannot be combined with,
+    in one line phrased for the command line's flags (or, with `api`, for `Translator.load`'s
+    arguments). `forced`: a use that needs teacher forcing (`nmtkit attention`), refused first on
+    an engine without it. Nothing else is read: the manifest when first asked for, the files
+    when opened (`ModelSource.check`)."""
     if not paths:
         raise UserError("Translator.load: no checkpoint given (a path, or a list of paths for an ensemble)" if api
                         else "--path is required (give it several times for an ensemble)")
+    paths = tuple(str(p) for p in paths)
     found = find_export(paths)
     if found is None:
         if data_dir is None:
@@ -81,9 +150,11 @@ def check_combination(paths: Sequence[str], data_dir, *, ema: bool = False, api:
                 "(its dictionaries and subword models), unless path is a directory made by nmtkit export" if api
                 else "missing DATA_DIR: the data directory the checkpoint was trained with "
                      "(only an export directory as --path needs none)")
-        return CHECKPOINT
-    export, fmt = found
+        return ModelSource(CHECKPOINT, engine_class(CHECKPOINT), paths, str(data_dir))
+    export, fmt, info = found
     engine = engine_class(fmt)
+    if forced is not None:
+        engine.require_teacher_forcing(forced)
     if api and (data_dir is not None or (len(paths) > 1 and not engine.ensembles)):
         raise UserError(f"{export} is an export directory: it carries its own dictionaries and "
                         "subword models; load it alone, without data_dir (no ensembles of exports)")
@@ -95,57 +166,14 @@ def check_combination(paths: Sequence[str], data_dir, *, ema: bool = False, api:
     if ema and not engine.runs_ema:
         raise UserError(f"--ema: {export} holds the weights chosen when it was exported (nmtkit export --ema); "
                         "drop --ema")
-    return fmt
+    return ModelSource(fmt, engine, (export,), export, info["data"], info)
 
 
-def check_quantize(paths: Sequence[str], fmt: str, quantize: str | None, *, api: bool = False) -> None:
+def check_quantize(source: ModelSource, quantize: str | None, *, api: bool = False) -> None:
     """Refuse --quantize where the format fixed its weight type when it was written (an export)."""
-    if quantize in (None, "none") or engine_class(fmt).quantizes:
+    if quantize in (None, "none") or source.engine.quantizes:
         return
-    raise UserError(f"quantize: {paths[0]} runs with the weight type chosen when it was exported "
+    raise UserError(f"quantize: {source.paths[0]} runs with the weight type chosen when it was exported "
                     "(nmtkit export --quantization int8)" if api else
-                    f"--quantize: {paths[0]} runs with the weight type chosen when it was exported; export "
+                    f"--quantize: {source.paths[0]} runs with the weight type chosen when it was exported; export "
                     "with nmtkit export --quantization int8 (or int8_float32) instead, and drop --quantize")
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """What a model path is, decided once (`describe`): nmtkit checkpoints with their data
-    directory, or one export directory carrying its own copies of the data directory's files."""
-
-    format: str  # CHECKPOINT or an export format
-    engine: type  # the Engine subclass that runs it (`engine_class(format)`)
-    paths: tuple[str, ...]
-    folder: str  # where the dictionaries and subword models are: the data directory or the export
-    manifest: dict  # the data directory's manifest, or the export's copy of its entries
-    info: dict | None = None  # an export's nmtkit.json
-
-    def dictionaries(self):
-        """(source Dictionary, target Dictionary), checked against their sha256."""
-        from nmtkit.data.manifest import load_dictionaries
-
-        return load_dictionaries(self.folder, self.manifest)
-
-    def subword_model(self, lang: str):
-        """Language `lang`'s subword model (an export's was checked by `load_export`)."""
-        from nmtkit.data.manifest import subword_model_path
-        from nmtkit.data.subwords import load_model_file, load_subword_model, pretokenized
-
-        if self.info is None:
-            return load_subword_model(self.folder, lang)
-        sub = self.manifest["subword"]
-        kind = sub.get("kinds", {}).get(lang, sub["kind"])
-        return pretokenized(load_model_file(kind, subword_model_path(self.folder, lang, self.manifest)), sub, lang)
-
-
-def describe(paths: Sequence[str], data_dir, fmt: str) -> ModelSource:
-    """Read what `paths` of format `fmt` (from `check_combination`) hold: the manifest, or the
-    export's checked description."""
-    if fmt == CHECKPOINT:
-        from nmtkit.data.manifest import load_manifest
-
-        return ModelSource(fmt, engine_class(fmt), tuple(str(p) for p in paths), str(data_dir), load_manifest(data_dir))
-    from nmtkit.backends.directory import load_export
-
-    info = load_export(paths[0])
-    return ModelSource(fmt, engine_class(fmt), (str(paths[0]),), str(paths[0]), info["data"], info)

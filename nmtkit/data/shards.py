@@ -269,16 +269,18 @@ class ShardedDataset:
                 yield s[j]
 
 
-def load_split(data_dir: str | os.PathLike, split: str, lang: str, verify: bool = True) -> ShardedDataset:
+def load_split(data_dir: str | os.PathLike, split: str, lang: str, verify: bool = True,
+               manifest: dict | None = None) -> ShardedDataset:
     """Open `split` ("train", "valid", "test", ...) of language `lang` in a preprocessed data dir.
 
     Sizes are always checked against the index (cheap); `verify` (the default) also checks the
     sha256 of every shard file against manifest.json, once per file and process
     (nmtkit.data.manifest.verify_files), and raises UserError naming a corrupt file.
+    `manifest`: the directory's manifest when the caller has read it already.
     """
     from nmtkit.data.manifest import load_manifest, verify_files
 
-    m = load_manifest(data_dir)
+    m = load_manifest(data_dir) if manifest is None else manifest
     if split not in m["splits"]:
         raise UserError(f"{data_dir}: no split {split!r} (it has {', '.join(m['splits'])})")
     if lang not in (m["source_lang"], m["target_lang"]):

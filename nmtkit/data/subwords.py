@@ -241,16 +241,17 @@ def count_words(lines: Iterable[str], counts: Counter | None = None) -> Counter:
     return counts
 
 
-def load_subword_model(data_dir: str | os.PathLike, lang: str) -> SubwordModel:
+def load_subword_model(data_dir: str | os.PathLike, lang: str, manifest: dict | None = None) -> SubwordModel:
     """The subword model that `nmtkit preprocess` applied to language `lang` in `data_dir`.
 
     Generation uses it to segment raw input (`encode`) and detokenize output (`decode`). The file
     is checked against the manifest's sha256 first (once per process): a flipped byte in
-    spm.model would otherwise change every translation silently.
+    spm.model would otherwise change every translation silently. `manifest`: the directory's
+    (or an export directory's copy of its entries) when the caller has read it already.
     """
     from nmtkit.data.manifest import load_manifest, subword_model_path, verify_files
 
-    manifest = load_manifest(data_dir)
+    manifest = load_manifest(data_dir) if manifest is None else manifest
     sub = manifest["subword"]
     # "kinds" (per language) exists since a side may have no subword model (parsing's trees);
     # older data directories have one kind for both sides.

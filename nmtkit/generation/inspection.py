@@ -16,14 +16,15 @@ from __future__ import annotations
 import io
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from nmtkit.backends.registry import ModelSource, describe
+from nmtkit.device import PRECISION_NAMES
 from nmtkit.errors import UserError
 from nmtkit.generation.forced import Attention, piece_text
-from nmtkit.backends.engine import PRECISION_NAMES
 from nmtkit.models.transformer import ATTENTION_KINDS
 from nmtkit.search.config import SearchConfig
 from nmtkit.settings import group, setting
@@ -104,17 +105,28 @@ class AttentionOptions:
     precision: str = setting("fp32", flag="--precision", help="fp32, bf16 or fp16 (weights and activations; the weights are recorded in fp32).")
     threads: int = setting(0, flag="--threads", help="CPU threads for torch (0 = torch's default).")
     ema: bool = setting(False, flag="--ema", help="Use the checkpoint's EMA weights instead of the raw weights.")
+    # what --path is, described once (`model_source`) and passed along from here
+    source: ModelSource | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_flags(cls, values: dict) -> "AttentionOptions":
-        """The options from the flags: --max-len-b not given depends on the data dir, as in generate."""
-        from nmtkit.generation.model_flags import default_max_len_b
+        """The options from the flags: the model described once, then --max-len-b not given
+        from its data, as in generate."""
+        from nmtkit.search.config import default_search
         from nmtkit.settings import construct
 
+        opts = cls(data_dir=values["data_dir"], path=values["path"], ema=bool(values.get("ema")))
         search = dict(values["search"])
         if search["max_len_b"] is None:
-            search["max_len_b"] = default_max_len_b(values["data_dir"])
-        return construct(cls, {**values, "search": search})
+            search["max_len_b"] = default_search(opts.model_source().manifest).max_len_b
+        return construct(cls, {**values, "search": search, "source": opts.model_source()})
+
+    def model_source(self) -> ModelSource:
+        """What --path is, decided and read once (kept on the options). An export is refused
+        first: the pictures read the model's own attention weights."""
+        if self.source is None:
+            self.source = describe([self.path], self.data_dir, ema=self.ema, forced=f"--path {self.path}: attention")
+        return self.source
 
     def validate(self) -> None:
         """UserError naming the flag for every impossible combination."""
@@ -209,8 +221,8 @@ def _items(opts: AttentionOptions, tr) -> list[tuple[str, object, str | None]]:
     from nmtkit.data.shards import load_split
     from nmtkit.generation.items import Item
 
-    src = load_split(opts.data_dir, opts.gen_subset, tr.src_lang)
-    tgt = load_split(opts.data_dir, opts.gen_subset, tr.tgt_lang) if opts.split_target else None
+    src = load_split(tr.data_dir, opts.gen_subset, tr.src_lang, manifest=tr.manifest)
+    tgt = load_split(tr.data_dir, opts.gen_subset, tr.tgt_lang, manifest=tr.manifest) if opts.split_target else None
     trunc = tr.truncations(lambda i: f"--index {i}", "--index")
     out = []
     for i, target in zip(opts.indices, targets):
@@ -258,9 +270,8 @@ def _layer_and_heads(opts: AttentionOptions, n_layers: int, n_heads: int) -> tup
 
 def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
     """Run `nmtkit attention`: compute everything, then write the file(s); returns their paths."""
-    from nmtkit.generation.model_flags import runtime_options
-    from nmtkit.backends.registry import check_combination, describe, engine_class, find_export
     from nmtkit.generation.items import warn_stderr
+    from nmtkit.generation.model_flags import runtime_options
     from nmtkit.generation.translator import Translator
 
     opts.validate()
@@ -270,12 +281,7 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
 
         import_pyplot()
     opts.check_outputs()
-    found = find_export([opts.path])
-    if found is not None:  # the pictures read the model's own attention weights
-        engine_class(found[1]).require_teacher_forcing(f"--path {opts.path}: attention")
-    source = describe([opts.path], opts.data_dir, check_combination([opts.path], opts.data_dir, ema=opts.ema))
-    tr = Translator.open(source, runtime_options(opts), warn=warn,
-                         search=opts.search)
+    tr = Translator.open(opts.model_source(), runtime_options(opts), warn=warn, search=opts.search)
     sentences, layer, heads = collect(opts, tr)
     n_layers = tr.engine.layers(opts.kind)
     out = opts.output_path()

@@ -11,67 +11,52 @@ from __future__ import annotations
 
 import dataclasses
 
-from nmtkit.backends.engine import PRECISION_NAMES, QUANTIZE_CHOICES, RuntimeOptions
-from nmtkit.backends.registry import (
-    CHECKPOINT,
-    ModelSource,
-    check_combination,
-    check_quantize,
-    describe,
-    engine_class,
-    find_export,
-)
+from nmtkit.backends.engine import QUANTIZE_CHOICES, RuntimeOptions
+from nmtkit.backends.registry import ModelSource, check_quantize, describe
+from nmtkit.device import check_precision
 from nmtkit.errors import UserError
 from nmtkit.search.config import DECODING_PRESETS, default_search
 
 
-def default_max_len_b(data_dir: str) -> int:
-    """--max-len-b when not given: 50 (the paper's translation), 300 for a parsing data directory
-    (section 6.3: output limit input length + 300; linearized trees are 2-4 tokens per word)."""
-    from nmtkit.data.manifest import load_manifest
+def model_source(opts) -> ModelSource:
+    """What the flags' --path is (`describe`): decided and read once per command, then kept on
+    the options (`opts.source`), which every later step takes it from."""
+    if opts.source is None:
+        opts.source = describe(opts.paths or (), opts.data_dir, ema=opts.ema)
+    return opts.source
 
-    return default_search(load_manifest(data_dir)).max_len_b
 
-
-def search_flag_defaults(values: dict) -> tuple[dict, str | None]:
+def search_flag_defaults(flags: dict, decoding: str | None, source: ModelSource) -> tuple[dict, str | None]:
     """The search flags with the defaults that depend on the model, and a note saying which
     engine defaults were chosen (None: none). A --max-len-b not given depends on the data
-    directory (50, or 300 for a parsing data directory: `default_max_len_b`); --lenpen-form and
-    --early-stop not given are --decoding's, else the engine's (the paper's gnmt and bound;
-    fairseq's and beam on a CTranslate2 export). `values` holds the command's flag values:
-    `search`, `paths`, `data_dir` and `decoding` (generate, serve)."""
-    flags = dict(values["search"])
-    for name, value in DECODING_PRESETS.get(values.get("decoding"), {}).items():
+    (50, or 300 for a parsing model: `default_search`); --lenpen-form and --early-stop not given
+    are --decoding's, else the engine's (the paper's gnmt and bound; fairseq's and beam on a
+    CTranslate2 export)."""
+    flags = dict(flags)
+    for name, value in DECODING_PRESETS.get(decoding, {}).items():
         if flags.get(name) is None:  # a flag given beside --decoding wins
             flags[name] = value
-    found = find_export(values["paths"] or ())
     if flags["max_len_b"] is None:
-        if found is not None:
-            from nmtkit.backends.directory import read_info
-
-            # the description alone: its files' checksums are verified once, when the model is opened
-            flags["max_len_b"] = default_search(read_info(found[0])["data"]).max_len_b
-        elif values["data_dir"] is not None:
-            flags["max_len_b"] = default_max_len_b(values["data_dir"])
-    note = None
-    if found is not None:
-        engine = engine_class(found[1])
-        applied = {k: v for k, v in engine.search_defaults.items() if flags.get(k) is None}
-        flags.update(applied)
-        if applied:
-            given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
-            note = (f"{found[0]} is run by {engine.display}, which decodes with fairseq's rules: {given} "
-                    "(the paper's gnmt length penalty and exact stopping need the checkpoint)")
-    return flags, note
+        flags["max_len_b"] = default_search(source.manifest).max_len_b
+    engine = source.engine
+    applied = {k: v for k, v in engine.search_defaults.items() if flags.get(k) is None}
+    flags.update(applied)
+    if not applied:
+        return flags, None
+    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
+    return flags, (f"{source.export} is run by {engine.display}, which decodes with fairseq's rules: {given} "
+                   "(the paper's gnmt length penalty and exact stopping need the checkpoint)")
 
 
 def from_flags(cls, values: dict):
-    """generate's or serve's options from their flags (`search_flag_defaults`); the note on the
-    engine's defaults is kept for the command to print once its model is open."""
+    """generate's or serve's options from their flags: the model described once (`model_source`),
+    then the search defaults that depend on it (`search_flag_defaults`); the note on the engine's
+    defaults is kept for the command to print once its model is open."""
     from nmtkit.settings import construct
 
-    search, note = search_flag_defaults(values)
-    return construct(cls, {**values, "search": search, "engine_note": note})
+    source = describe(values["paths"] or (), values["data_dir"], ema=bool(values.get("ema")))
+    search, note = search_flag_defaults(values["search"], values.get("decoding"), source)
+    return construct(cls, {**values, "search": search, "engine_note": note, "source": source})
 
 
 def print_note(note: str | None) -> None:
@@ -85,36 +70,29 @@ def print_note(note: str | None) -> None:
 def check_model_options(opts) -> str | None:
     """The checks that generate and serve share (`opts` has their model and search fields): the
     sampling-only flags, the model paths and what their format can be combined with
-    (`check_combination`), --precision, --threads and --quantize. Returns the export directory
+    (`model_source`), --precision, --threads and --quantize. Returns the export directory
     among --path, or None."""
     s = opts.search
     if opts.decoding is not None and opts.decoding not in DECODING_PRESETS:
         raise UserError(f"--decoding must be one of {', '.join(DECODING_PRESETS)}, got {opts.decoding!r}")
     if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
         raise UserError("--topk, --topp and --temperature apply only with --sampling")
-    fmt = check_combination(opts.paths, opts.data_dir, ema=opts.ema)
-    if opts.precision not in PRECISION_NAMES:
-        raise UserError(f"--precision must be one of {', '.join(PRECISION_NAMES)}, got {opts.precision!r}")
+    source = model_source(opts)
+    check_precision(opts.precision)
     if opts.threads < 0:
         raise UserError(f"--threads must be >= 0 (0 = torch's default), got {opts.threads}")
     if opts.quantize not in QUANTIZE_CHOICES:
         raise UserError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {opts.quantize!r}")
-    check_quantize(opts.paths, fmt, opts.quantize)
+    check_quantize(source, opts.quantize)
     if opts.quantize != "none" and opts.precision != "fp32":
         raise UserError(f"--quantize {opts.quantize} works from fp32 weights; drop --precision {opts.precision}")
-    return None if fmt == CHECKPOINT else str(opts.paths[0])
+    return source.export
 
 
 def runtime_options(opts) -> RuntimeOptions:
     """The flags' RuntimeOptions (`opts` has --device, --precision, --threads, --ema, --quantize)."""
     quantize = getattr(opts, "quantize", "none")
     return RuntimeOptions(opts.device, opts.precision, opts.threads, opts.ema, None if quantize == "none" else quantize)
-
-
-def model_source(opts) -> ModelSource:
-    """What the flags' --path is (after `check_model_options`), read once."""
-    found = find_export(opts.paths)
-    return describe(list(opts.paths), opts.data_dir, CHECKPOINT if found is None else found[1])
 
 
 def with_seed(search, seed: int | None):

@@ -42,21 +42,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from nmtkit.backends.engine import Engine, RuntimeOptions
-from nmtkit.backends.registry import ModelSource, check_combination, check_quantize, describe
+from nmtkit.backends.registry import ModelSource, check_quantize, describe
 from nmtkit.errors import UserError
 from nmtkit.generation import forced
 from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
 from nmtkit.generation.terms import TermMaker
 from nmtkit.search.config import Hypothesis, SearchConfig, Terms, apply_search_settings, check_terms, default_search, output_limit
-
-
-def _paths(path) -> list[str]:
-    if isinstance(path, (str, os.PathLike)):
-        return [str(path)]
-    paths = [str(p) for p in path]
-    if not paths:
-        raise UserError("Translator.load: no checkpoint given (a path, or a list of paths for an ensemble)")
-    return paths
 
 
 def check_text(text: str, where: str) -> None:
@@ -156,25 +147,30 @@ class Translator:
         run by that format's engine (CTranslate2: `nmtkit.backends.ctranslate2.engine`), with the
         export's own dictionaries and subword models, behind the same interface.
         """
-        paths = _paths(path)
-        fmt = check_combination(paths, data_dir, ema=ema, api=True)
-        check_quantize(paths, fmt, quantize, api=True)
+        paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+        source = describe(paths, data_dir, ema=ema, api=True)
+        check_quantize(source, quantize, api=True)
         options = RuntimeOptions(str(device), precision, threads, ema, quantize)
-        return cls.open(describe(paths, data_dir, fmt), options, max_tokens=max_tokens, batch_size=batch_size,
+        source.check()  # the files first: the defaults depend on the data directory's manifest
+        if search is None:
+            search = cls.search_defaults(source)
+        return cls.open(source, options, max_tokens=max_tokens, batch_size=batch_size,
                         warn=warn, search=search, **search_settings)
 
     @classmethod
-    def open(cls, source: ModelSource, options: RuntimeOptions, *, prepared=None, max_tokens: int | None = None,
-             batch_size: int | None = None, warn: Callable[[str], None] | None = None,
-             search: SearchConfig | None = None, **search_settings) -> Translator:
-        """`load` for a model already described (`nmtkit.backends.registry.describe`): the engine's
-        process-wide set-up (`prepared`: its result, when the caller ran it already, as `nmtkit
-        generate` does to check the device before its --output), the search settings, the
-        dictionaries and subword models, then the engine."""
+    def open(cls, source: ModelSource, options: RuntimeOptions, *, search: SearchConfig, prepared=None,
+             max_tokens: int | None = None, batch_size: int | None = None,
+             warn: Callable[[str], None] | None = None, **search_settings) -> Translator:
+        """`load` for a model already described (`nmtkit.backends.registry.describe`) and the
+        load-time search its caller decided (a command's flags; `load`'s `search_defaults`): an
+        export's files checked, the engine's process-wide set-up (`prepared`: its result, when the
+        caller ran it already, as `nmtkit generate` does to check the device before its --output),
+        `search_settings` applied, the dictionaries and subword models, then the engine."""
         warn = warn or warn_stderr
+        source.check()
         if prepared is None:
             prepared = source.engine.prepare(options, warn)
-        cfg = apply_search_settings(search if search is not None else cls.search_defaults(source), search_settings)
+        cfg = apply_search_settings(search, search_settings)
         source.engine.check_search(cfg)  # before anything is read or loaded
         src_dict, tgt_dict = source.dictionaries()
         tgt_subword = source.subword_model(source.manifest["target_lang"])
@@ -442,10 +438,10 @@ class Translator:
             targets = [[int(x) for x in it.target_ids] for it in batch]
             lp, attn = self.engine.forced_pass([it.ids for it in batch], targets, cross_layer=layer)
             for r, (it, tgt) in enumerate(zip(batch, targets)):
-                ps = forced.pair_score(lp[r, :len(tgt) + 1].tolist(), cfg.lenpen, cfg.lenpen_form)
-                scores[it.index] = [Hypothesis(tgt, ps.score, ps.logprob, ps.positional_scores)]
                 if attn is not None:
                     aligns[it.index] = [forced.hard_alignment(attn[r], len(it.ids), len(tgt))]
+                ps = forced.pair_score(lp[r, :len(tgt) + 1].tolist(), cfg.lenpen, cfg.lenpen_form)
+                scores[it.index] = [Hypothesis(tgt, ps.score, ps.logprob, ps.positional_scores)]
             if on_batch is not None:
                 on_batch(len(batch))
         return scores, aligns
@@ -481,8 +477,10 @@ class Translator:
         if self.task == "parsing":
             raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
                             "use --print-alignment (subword)")
-        src_words = forced.word_index(self.source_pieces(item), self.src_subword.kind)
-        tgt_words = forced.word_index([self.tgt_dict[int(i)] for i in target_tokens], self.tgt_subword.kind)
+        src_pieces = self.source_pieces(item)
+        tgt_pieces = [self.tgt_dict[int(i)] for i in target_tokens]
+        src_words = forced.word_index(src_pieces, self.src_subword.kind)
+        tgt_words = forced.word_index(tgt_pieces, self.tgt_subword.kind)
         return forced.word_alignment(pairs, src_words, tgt_words)
 
     def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[forced.PairScore]:

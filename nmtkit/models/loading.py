@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nmtkit.device import check_precision
 from nmtkit.errors import UserError, first_line
 from nmtkit.models.registry import ArchConfig
 from nmtkit.models.transformer import Transformer
@@ -32,9 +33,7 @@ def precision_dtype(precision: str | torch.dtype) -> torch.dtype:
         if precision not in PRECISIONS.values():
             raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision}")
         return precision
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return PRECISIONS[precision]
+    return PRECISIONS[check_precision(precision)]
 
 
 def build_model(cfg: ArchConfig, src_dict, tgt_dict) -> Transformer:

@@ -47,7 +47,6 @@ SOURCE_LANG = SOURCE_SUFFIX  # "words": the source "language" of a parsing data 
 TARGET_LANG = TARGET_SUFFIX  # "lin": the linearized trees
 PARSING_MAX_LEN = 0  # default --max-len for --task parsing: no limit (see the module docstring)
 PARSING_RATIO = 0.0  # default --ratio for --task parsing: no ratio check
-PARSING_MAX_LEN_B = 300  # generate's default --max-len-b on a parsing data dir: input + 300 (the paper)
 WORDS_SUFFIX = "words"  # DESTDIR/SPLIT.words: the sentences of a valid/test split, for generate
 _MADEUP = re.compile(r"madeupword\d+")  # dictionary filler (--pad-to-multiple): never a tree token
 

@@ -23,6 +23,9 @@ LENPEN_FORMS = ("gnmt", "fairseq")
 # |alpha| above this overflows the length penalty in float32 on long outputs (fairseq form:
 # 4096^10 = 1.3e36; ^20 would be inf) and is far from any useful value (the paper: 0.6).
 LENPEN_LIMIT = 10.0
+# the default --max-len-b of a parsing model (a manifest's "task": "parsing"): input + 300, the
+# paper's section 6.3 (linearized trees are 2-4 tokens per word)
+PARSING_MAX_LEN_B = 300
 EARLY_STOP = ("bound", "beam", "none")
 # --decoding: the length penalty and stopping rule in one word (docs/generate.md, "Decoding rules")
 DECODING_PRESETS = {
@@ -133,8 +136,6 @@ def default_search(manifest: dict) -> SearchConfig:
     """SearchConfig's defaults, with the output limit of a parsing data directory (input + 300,
     the paper's section 6.3) when the manifest says `"task": "parsing"`."""
     if manifest.get("task") == "parsing":
-        from nmtkit.parsing.pipeline import PARSING_MAX_LEN_B
-
         return SearchConfig(max_len_b=PARSING_MAX_LEN_B)
     return SearchConfig()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nmtkit.errors import UserError
+from nmtkit.backends.registry import ModelSource
 from nmtkit.generation.generator import GenerateOptions
 from nmtkit.generation.model_flags import check_model_options, from_flags
 from nmtkit.search.config import SearchConfig
@@ -50,6 +51,7 @@ class ServeOptions:
     ema: bool = same_setting(GenerateOptions, "ema")
     quantize: str = same_setting(GenerateOptions, "quantize")
     engine_note: str | None = field(default=None, compare=False, repr=False)  # from_flags: engine defaults chosen
+    source: ModelSource | None = field(default=None, compare=False, repr=False)  # as GenerateOptions.source
 
     @classmethod
     def from_flags(cls, values: dict) -> "ServeOptions":

@@ -41,7 +41,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nmtkit.checkpoints import require_exists
 from nmtkit.errors import UserError, count
 from nmtkit.serving.app import Limits, ServerState, build_app
 from nmtkit.serving.batcher import Batcher
@@ -75,14 +74,14 @@ def path_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def load_translator(opts: ServeOptions, warn: Callable[[str], None], source=None, prepared=None) -> Any:
+def load_translator(opts: ServeOptions, warn: Callable[[str], None], prepared=None) -> Any:
     """The translator `nmtkit serve` uses: `Translator.open` with generate's model flags, the
-    search flags as defaults, and the batch limits. `source` / `prepared`: the model as `serve`
-    already described it and its engine's set-up, so that nothing is read or checked twice."""
+    search flags as defaults, and the batch limits. The model as `serve` already described it
+    (`opts.source`) and `prepared`, its engine's set-up: nothing is read or checked twice."""
     from nmtkit.generation.model_flags import model_source, runtime_options
     from nmtkit.generation.translator import Translator
 
-    return Translator.open(source or model_source(opts), runtime_options(opts), prepared=prepared,
+    return Translator.open(model_source(opts), runtime_options(opts), prepared=prepared,
                            batch_size=opts.max_batch_sentences, max_tokens=opts.max_batch_tokens, warn=warn,
                            search=opts.search)
 
@@ -436,15 +435,14 @@ def serve(opts: ServeOptions) -> int:
     opts.validate()
     # Every flag and setting is checked against the model before anything listens (one line, as
     # generate gives); a model that is there but does not load stops the server after it started.
-    for p in opts.paths:
-        require_exists(p)
-    # the data directory's manifest ("data directory not found: ...") or an export directory's
-    # description and checksums, the device, and the search settings the engine cannot honour;
-    # the loader then takes the model as described here
+    # the checkpoints and the data directory's manifest ("data directory not found: ...") or an
+    # export directory's files and checksums, the device, and the search settings the engine
+    # cannot honour; the loader then takes the model as described here (opts.source)
     source = model_source(opts)
+    source.check()
     prepared = source.engine.prepare(runtime_options(opts), lambda msg: _log_stderr(f"nmtkit serve: warning: {msg}"))
     source.engine.check_search(opts.search)
     print_note(opts.engine_note)
-    server = Server(opts, load=lambda o, warn: load_translator(o, warn, source, prepared))
+    server = Server(opts, load=lambda o, warn: load_translator(o, warn, prepared))
     server.bind()
     return server.run()

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from nmtkit.device import check_precision
 from nmtkit.errors import UserError
 from nmtkit.settings import check_numbers, negate, none_if_zero, setting, to_str
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULERS = ("noam", "inverse_sqrt")
 BEST_METRICS = ("loss", "bleu")
 
@@ -215,8 +215,7 @@ class TrainConfig:
     def _validate_device(self) -> None:
         """A precision the trainer knows, a thread count above 0 (or none: torch's choice) and a
         --ddp-timeout above 0."""
-        if self.precision not in PRECISIONS:
-            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        check_precision(self.precision)
         self._require_positive("threads", allow_none=True)
         self._require_positive("ddp_timeout")
 

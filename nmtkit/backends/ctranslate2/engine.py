@@ -54,8 +54,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from nmtkit.backends.ctranslate2.convert import import_ctranslate2
-from nmtkit.backends.engine import PRECISION_NAMES, Engine, RuntimeOptions
-from nmtkit.device import parse_device
+from nmtkit.backends.engine import Engine, RuntimeOptions
+from nmtkit.device import check_precision, parse_device
 from nmtkit.errors import UserError, first_line
 from nmtkit.search.config import DECODING_PRESETS, Hypothesis, SearchConfig, length_penalty, output_limit
 
@@ -98,9 +98,7 @@ def runtime_device(device: str, ct2) -> tuple[str, int]:
 def compute_type(precision: str, quantization: str) -> str:
     """CTranslate2's compute type for nmtkit's --precision: fp32 keeps the export's own weight type
     (`default`: int8 stays int8), bf16 / fp16 compute in that half precision (int8 weights stay int8)."""
-    if precision not in PRECISION_NAMES:
-        raise UserError(f"--precision must be one of {', '.join(PRECISION_NAMES)}, got {precision!r}")
-    if precision == "fp32":
+    if check_precision(precision) == "fp32":
         return "default"
     half = {"bf16": "bfloat16", "fp16": "float16"}[precision]
     return f"int8_{half}" if quantization.startswith("int8") else half

@@ -1,0 +1,186 @@
+"""What `nmtkit generate` reads, as `Item`s: raw text (a file or stdin) alone, with the --reference
+translations to score, or with its terminology (--constraints, --avoid, --prefix); or a
+binarized split of the data directory.
+
+Why apart from the driver: each kind of input has its own files, checks and names for its lines
+in messages, and every check that can stop the run is made before the first output is written
+(a bad --reference line, a missing subword model). The driver asks once (`read_inputs`) and gets
+the same three things whatever the kind: the count (the progress bar's total), the items (lazily:
+endless stdin streams) and their truncation counter (the summary of over-long inputs).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from nmtkit.errors import UserError
+from nmtkit.generation.items import Item, Truncations
+from nmtkit.generation.terms import split_line
+from nmtkit.generation.translator import Translator
+from nmtkit.io import read_lines
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """generate's input flags, decided once: raw text, or else a binarized split."""
+
+    text: str | None  # --input: a file, or "-" for stdin; None: the binarized `split`
+    split: str | None  # the binarized split (--gen-subset, test when not given); None with raw text
+    data_dir: str | None  # DATA_DIR as given, to name the split in messages
+    scoring: bool = False  # --score-reference: the items carry their target ids
+    reference: str | None = None  # --reference: the raw translations of `text` to score
+    constraints: str | None = None  # None, "unordered" or "ordered"
+    avoid: str | None = None  # --avoid FILE
+    prefix: str | None = None  # --prefix FILE
+
+    @property
+    def name(self) -> str:
+        """The input in messages: the file, <stdin>, or the split."""
+        if self.split is not None:
+            return f"split {self.split!r}"
+        return "<stdin>" if self.text == "-" else str(self.text)
+
+    def line_name(self, index: int) -> str:
+        """Input sentence `index` (0-based) in messages: `news.de:12`, `DATA split 'test', sentence 12`."""
+        if self.split is not None:
+            return f"{self.data_dir} split {self.split!r}, sentence {index + 1}"
+        return f"{self.name}:{index + 1}"
+
+    @property
+    def has_terms(self) -> bool:
+        return bool(self.constraints or self.avoid or self.prefix)
+
+
+class Inputs(NamedTuple):
+    total: int | None  # items in all, when known without reading them (the progress bar's total)
+    items: Iterator[Item]
+    truncations: Truncations
+
+
+def read_inputs(spec: InputSpec, tr: Translator) -> Inputs:
+    """The items of `spec`'s raw text or binarized split, every check that needs no model run made."""
+    trunc = tr.truncations(spec.line_name, spec.name)
+    if spec.split is not None:
+        total, items, targets = split_items(tr, spec.split, trunc)
+        if spec.scoring and not targets:
+            raise UserError(f"--score-reference: split {spec.split!r} of {spec.data_dir} has no target side "
+                            f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
+        return Inputs(total, items, trunc)
+    if spec.scoring:
+        return Inputs(*reference_items(spec, tr, trunc), trunc)
+    tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
+    total = None if spec.text == "-" else count_lines(spec.text)
+    if spec.has_terms:
+        tr.engine.require_terms()  # before any input is read or output written
+        return Inputs(total, term_items(spec, tr, trunc), trunc)
+    return Inputs(total, tr.items(read_lines(spec.text), trunc), trunc)
+
+
+def split_items(tr: Translator, split: str, trunc: Truncations) -> tuple[int, Iterator[Item], bool]:
+    """(count, items, whether they carry targets) of a binarized split of the translator's data
+    directory; targets are attached when the split has a target side of as many sentences."""
+    from nmtkit.data.shards import load_split
+
+    d, m = tr.data_dir, tr.manifest
+    src = load_split(d, split, tr.src_lang, manifest=m)  # checksums verified: a flipped byte is an error
+    try:
+        tgt = load_split(d, split, tr.tgt_lang, verify=False, manifest=m)
+    except UserError:  # no target side
+        tgt = None
+    if tgt is not None:
+        tgt = load_split(d, split, tr.tgt_lang, manifest=m) if len(tgt) == len(src) else None
+
+    def gen() -> Iterator[Item]:
+        for i in range(len(src)):
+            yield Item(i, trunc(i, src[i]), None if tgt is None else tgt[i])
+
+    return len(src), gen(), tgt is not None
+
+
+def reference_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tuple[int, Iterator[Item]]:
+    """(count, items) of raw sources with their raw translations (--score-reference --reference).
+
+    Every pair is checked before the first is scored (line counts, empty lines, target pieces
+    outside the dictionary): a bad line stops the run before anything is written, naming its
+    file and line. stdin (--input -) is read into memory for that.
+    """
+    if tr.task == "parsing":
+        raise UserError("--reference: the targets of a parsing data directory are linearized trees; "
+                        "score its binarized split (--score-reference without --input)")
+    source, reference, src_name = spec.text, spec.reference, spec.name
+    src_lines = list(read_lines(source)) if source == "-" else None
+    n_src = len(src_lines) if src_lines is not None else count_lines(source, exact=True)
+    n_ref = count_lines(reference, exact=True)
+    if n_src != n_ref:
+        raise UserError(f"--reference {reference} has {n_ref} lines but --input {src_name} has {n_src}; "
+                        "they must be line-aligned pairs")
+    tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
+
+    def gen(check: bool) -> Iterator[Item]:
+        srcs = iter(src_lines) if src_lines is not None else read_lines(source)
+        for i, (s, t) in enumerate(zip(srcs, read_lines(reference))):
+            if not s.strip():
+                raise UserError(f"{src_name}:{i + 1}: empty source line (every pair needs a source and a target)")
+            ids = tr.target_ids(t, f"{reference}:{i + 1}")
+            if check:
+                continue
+            src_ids = tr.src_dict.encode(tr.src_subword.encode(s))
+            yield Item(i, trunc(i, src_ids), ids, text=s)
+
+    for _ in gen(check=True):
+        pass
+    return n_src, gen(check=False)
+
+
+def term_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> Iterator[Item]:
+    """Items of the raw text with their terms: tab-separated phrases after the source
+    (--constraints), the --avoid glossary, and the line's --prefix. A mistake names its file and line."""
+    where = spec.name
+    avoid = _glossary(spec.avoid) if spec.avoid else None
+    prefixes = read_lines(spec.prefix) if spec.prefix else None
+    phrases: deque = deque()
+
+    def sources() -> Iterator[str]:
+        for line in read_lines(spec.text):
+            source, fields = split_line(line) if spec.constraints else (line, None)
+            phrases.append(fields or None)
+            yield source
+
+    for it in tr.items(sources(), trunc):
+        pre = None
+        if prefixes is not None:
+            pre = next(prefixes, None)
+            if pre is None:
+                raise UserError(f"--prefix {spec.prefix} has {it.index} lines but --input {where} has more")
+        it.terms = tr.terms(phrases.popleft(), avoid, pre, spec.constraints == "ordered", f"{where}:{it.index + 1}")
+        yield it
+    if prefixes is not None and next(prefixes, None) is not None:
+        raise UserError(f"--prefix {spec.prefix} has more lines than --input {where}")
+
+
+def _glossary(path: str) -> list[str]:
+    """--avoid's phrases: one per non-empty line (blank lines are separators, not phrases)."""
+    phrases = [line.strip() for line in read_lines(path) if line.strip()]
+    if not phrases:
+        raise UserError(f"--avoid {path}: no phrase in the file (one phrase per line)")
+    return phrases
+
+
+def count_lines(path: str, exact: bool = False) -> int | None:
+    """Lines of a text file as `read_lines` reads them, counted in its bytes. A .gz file is read
+    through only when the count must be `exact` (else None: the progress bar's total is not worth
+    a pass); so is a path that is no file, which `read_lines` then reports."""
+    p = Path(path)
+    if p.suffix == ".gz" or not p.is_file():
+        return sum(1 for _ in read_lines(path)) if exact else None
+    n = 0
+    last = b"\n"
+    with open(p, "rb") as fh:
+        while block := fh.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (0 if last == b"\n" else 1)
