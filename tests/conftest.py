@@ -96,6 +96,7 @@ def run_cli(capsys):
     from nmtkit.cli.app import state
 
     def run(*args: str) -> CliResult:
+        capsys.readouterr()  # only this command's output: not what earlier in-process calls printed
         debug = state["debug"]
         try:
             main([str(a) for a in args])

@@ -53,7 +53,7 @@ def test_tiny_mode_runs_every_stage_with_numbers(tmp_path):
 
     env = st["env"]
     assert env["status"] == "ok" and env["device"] == "cpu" and env["torch"], env
-    assert env["gemm"]["dtype"] == "bf16" and _positive(env["gemm"]["tflops"]), env
+    assert env["gemm"]["dtype"] == "fp32" and _positive(env["gemm"]["tflops"]), env  # a CPU: not judged by bf16
 
     ct = st["cuda_tests"]
     assert ct["status"] in ("absent", "ok"), ct

@@ -5,7 +5,8 @@
 Stages, in this order, each in its own process(es) under its own time limit, so that a stage that
 hangs, crashes or runs out of memory is recorded as such and the next one still runs:
 
-  env             torch, CUDA and driver versions, the GPU's name and memory, and a bf16 GEMM rate
+  env             torch, CUDA and driver versions, the GPU's name and memory, and a GEMM rate (bf16 on
+                  a GPU; fp32 on a CPU, which may lack fast bf16)
                   measured on the spot (8192^3 matmuls timed with CUDA events; a small size on CPU)
   cuda_tests      python -m pytest tests/test_cuda.py -v: pass/fail/skip counts ("absent" without it;
                   counted from the finished tests when it is stopped at its time limit)
@@ -363,7 +364,7 @@ class Bench:
             if comp:
                 cmd += ["--compile", "--dynamic", "--compile-backend", s.compile_backend]
             if self.gemm_tflops:
-                cmd += ["--peak-tflops", f"{self.gemm_tflops:.2f}"]
+                cmd += ["--peak-tflops", f"{self.gemm_tflops:.4g}"]
             rec = self.step(f"train_step {arch} {kind}", cmd, keep=self.keep_after("train_step") + later,
                             limit=lim[kind])
             rec.pop("_output", None)
@@ -561,7 +562,7 @@ class Bench:
     def print_summary(self) -> None:
         s = self.result["summary"]
         lines = [(f"device {s['device']} ({s['gpu'] or 'no GPU'}), torch {s['torch']}, "
-                  f"GEMM {s['gemm_tflops'] or 0:.1f} TFLOP/s")]
+                  f"GEMM {s['gemm_tflops'] or 0:.4g} TFLOP/s")]
         ct = s["cuda_tests"]
         lines.append(f"cuda tests: {ct['status']}" + (f" ({ct['passed']} passed, {ct['failed']} failed, "
                                                         f"{ct['skipped']} skipped, {ct['errors']} errors)"
@@ -681,7 +682,9 @@ def read_train_log(path: Path) -> dict:
 # ------------------------------------------------------------------------------ the env probe --
 
 def probe_env(path: str, device: str, n: int) -> None:
-    """Runs in its own process: versions, the device, and the bf16 GEMM rate -> JSON at `path`."""
+    """Runs in its own process: versions, the device, and the GEMM rate -> JSON at `path`: bf16 on
+    a GPU (the training's precision there), fp32 on a CPU, which may have no fast bf16 at all (a
+    CPU is not judged by a precision it does not train in)."""
     rec: dict = {}
 
     def write() -> None:
@@ -721,7 +724,7 @@ def probe_env(path: str, device: str, n: int) -> None:
             rec["nvidia_smi"] = f"unavailable: {e}"
     write()
     dev = torch.device("cuda" if use_cuda else "cpu")
-    dtype = torch.bfloat16
+    dtype = torch.bfloat16 if use_cuda else torch.float32
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
     c = torch.empty(n, n, device=dev, dtype=dtype)
@@ -745,8 +748,10 @@ def probe_env(path: str, device: str, n: int) -> None:
                 torch.mm(a, b, out=c)
             sec = (time.perf_counter() - t) / iters
         rates.append(2 * n**3 / sec / 1e12)
-    rec["gemm"] = {"n": n, "dtype": "bf16", "iters": iters, "tflops": round(max(rates), 2),
-                   "tflops_rounds": [round(r, 2) for r in rates],
+    # four significant digits: a small CPU GEMM runs at a few GFLOP/s, which two decimals of
+    # TFLOP/s would round to zero
+    rec["gemm"] = {"n": n, "dtype": "bf16" if use_cuda else "fp32", "iters": iters,
+                   "tflops": float(f"{max(rates):.4g}"), "tflops_rounds": [float(f"{r:.4g}") for r in rates],
                    "timer": "cuda events" if use_cuda else "perf_counter"}
     if use_cuda:
         try:
