@@ -42,6 +42,60 @@ WSJ_NORM = [
 ]
 
 
+def _hypothesis_profiles() -> None:
+    """Hypothesis's settings for the property tests (the `fuzz` mark): `ci`, the default, a bounded
+    and derandomized run (the same examples every time, so a CI failure reproduces); `fuzz`
+    (recipes/bench/fuzz.sh: HYPOTHESIS_PROFILE=fuzz) 10,000 fresh examples per test. No deadline:
+    a busy 2-core machine times examples unevenly."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the test extra not installed: the property tests fail to import, loudly
+        return
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    settings.register_profile("ci", max_examples=int(os.environ.get("NMTKIT_FUZZ_EXAMPLES", "60")),
+                              deadline=None, derandomize=True, database=None, suppress_health_check=quiet)
+    settings.register_profile("fuzz", max_examples=int(os.environ.get("NMTKIT_FUZZ_EXAMPLES", "10000")),
+                              deadline=None, suppress_health_check=quiet)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+_hypothesis_profiles()
+
+# Under the fuzz profile: per property test, the examples run, the failing ones and the slowest
+# input with its time (Hypothesis's observability callbacks; printed at the end of the run).
+FUZZ_STATS: dict[str, dict] = {}
+
+
+def _observe(obs, thread_id=None) -> None:  # all_threads callbacks also get the thread
+    if getattr(obs, "type", None) != "test_case":
+        return
+    s = FUZZ_STATS.setdefault(obs.property, {"examples": 0, "failed": 0, "slowest_s": 0.0, "input": ""})
+    s["examples"] += 1
+    s["failed"] += obs.status == "failed"
+    took = sum(v for k, v in (obs.timing or {}).items() if k.startswith("execute"))
+    if took >= s["slowest_s"]:
+        s["slowest_s"], s["input"] = took, obs.representation
+
+
+if os.environ.get("HYPOTHESIS_PROFILE") == "fuzz":
+    try:
+        from hypothesis.internal.observability import add_observability_callback
+    except ImportError:  # an older Hypothesis: the run still fuzzes, without the table
+        pass
+    else:
+        add_observability_callback(_observe, all_threads=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not FUZZ_STATS:
+        return
+    w = terminalreporter.write_line
+    w("fuzz: property | examples | failed | slowest s | slowest input")
+    for name, s in sorted(FUZZ_STATS.items()):
+        text = s["input"].replace("\n", " ")
+        w(f"{name} | {s['examples']} | {s['failed']} | {s['slowest_s']:.3f} | {text[:160]}")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "shared_data: in a module that reads ../shared (NMTKIT_SHARED); "
                             "CI runs these again with the folder hidden, as a fresh clone has none")

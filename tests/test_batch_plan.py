@@ -118,3 +118,149 @@ def test_empty_and_all_skipped_plans():
     assert (len(eb), eb.filter.skipped, eb.filter.skipped_over_max_tokens) == (0, 2, 2)
     with pytest.raises(IndexError):
         EpochBatches(Sizes([1, 2]), Sizes([1, 2]), max_tokens=10).batches(1)[5]
+
+
+def test_the_chunk_size_is_read_when_the_sizes_are_streamed(monkeypatch):
+    """SIZE_CHUNK is read on each pass, not bound once when the module loads: a test that makes it
+    small really streams the sizes in small chunks (it was once a default argument, and patching it
+    changed nothing)."""
+    monkeypatch.setattr(B, "SIZE_CHUNK", 7)
+    reads = []
+    real = B._read_sizes
+    monkeypatch.setattr(B, "_read_sizes", lambda ds, a, b: reads.append((a, b)) or real(ds, a, b))
+    src, tgt = corpus(3, 30)
+    EpochBatches(Sizes(src), Sizes(tgt), max_tokens=100)
+    assert reads == [(a, min(a + 7, 30)) for a in range(0, 30, 7) for _ in (0, 1)]
+
+
+# --- property tests (Hypothesis) ---
+#
+# Generated corpora (sizes per pair, zeros and pairs over every limit among them), limits, world
+# sizes, seeds and epochs, with the plan's chunk constants made small so that every pass crosses
+# several chunks: every pair that fits lands in exactly one batch of one rank (less the at most
+# world_size - 1 batches shard_batches drops), no batch breaks a limit, a rebuilt plan (a resumed
+# run) is the same, and the skipped pairs are exactly those that cannot fit.
+
+from hypothesis import event, example, given, strategies as st  # noqa: E402
+
+
+@st.composite
+def plan_cases(draw):
+    """(chunk, gather step, src sizes, tgt sizes, EpochBatches keywords, world size, epoch)."""
+    chunk = draw(st.integers(1, 9))
+    gather = draw(st.integers(1, 4))
+    n = draw(st.integers(3 * chunk + 1, 3 * chunk + 40))  # more than three chunks, always
+    src, tgt = (np.array(draw(st.lists(st.integers(0, 45), min_size=n, max_size=n)), np.int64) for _ in "st")
+    # sometimes sizes of 22 bits: the lexsort path when kept on both sides (a histogram of 2M lengths
+    # per chunk: slow, so not always)
+    hi = draw(st.sampled_from([300, 300, 2_100_000]))
+    for side, i, size in draw(st.lists(st.tuples(st.sampled_from([src, tgt]), st.integers(0, n - 1),
+                                                 st.integers(46, hi)), max_size=6)):
+        side[i] = size  # a few long sentences: over most limits drawn below
+    limit = st.none() | st.integers(30, 50) | st.integers(1, 50)  # mostly above the common sizes 0 .. 45
+    budget = st.none() | st.integers(47, 300) | st.integers(1, 300)
+    kw = dict(max_tokens=draw(budget), max_sentences=draw(st.none() | st.integers(1, 12)),
+              max_source_positions=draw(limit), max_target_positions=draw(limit),
+              pad_multiple=draw(st.sampled_from([1, 1, 2, 3, 8])), shuffle=draw(st.booleans()),
+              seed=draw(st.integers(0, 2**32 - 1)))
+    if kw["max_tokens"] is None and kw["max_sentences"] is None:
+        kw["max_sentences"] = draw(st.integers(1, 12))
+    return chunk, gather, src, tgt, kw, draw(st.integers(1, 4)), draw(st.integers(1, 5))
+
+
+def skip_reason(s, t, kw):
+    """Why one pair cannot be trained on (the first reason: "src", "tgt", "tokens"), or None when it
+    can, by the rule of the module docstring written out: source + </s> and <s> + target within the
+    positions, and the pair alone within --max-tokens at its padded length."""
+    m = kw["pad_multiple"]
+    cost = -(-(max(s, t) + 1) // m) * m
+    if kw["max_source_positions"] is not None and s + 1 > kw["max_source_positions"]:
+        return "src"
+    if kw["max_target_positions"] is not None and t + 1 > kw["max_target_positions"]:
+        return "tgt"
+    return "tokens" if kw["max_tokens"] is not None and cost > kw["max_tokens"] else None
+
+
+@pytest.mark.fuzz
+@given(plan_cases())
+@example((3, 2, np.arange(40) % 7, np.arange(40) % 5, dict(max_tokens=None, max_sentences=1, max_source_positions=None,
+          max_target_positions=None, pad_multiple=1, shuffle=True, seed=1), 3, 2))  # many batches per gather step
+@example((2, 1, np.r_[3_000_000, np.arange(12)], np.r_[np.arange(12), 2_500_000], dict(max_tokens=None,
+          max_sentences=3, max_source_positions=None, max_target_positions=None, pad_multiple=8, shuffle=True,
+          seed=5), 2, 1))  # 22-bit sizes: the lexsort path
+def test_plan_property_every_fitting_pair_once_within_limits(case):
+    with pytest.MonkeyPatch.context() as monkeypatch:  # undone after each example
+        check_plan(monkeypatch, *case)
+
+
+def check_plan(monkeypatch, chunk, gather, src, tgt, kw, world_size, epoch):
+    monkeypatch.setattr(B, "SIZE_CHUNK", chunk)
+    monkeypatch.setattr(B, "GATHER_STEP", gather)
+    reads, gathers = [], []
+    real_read, real_positions = B._read_sizes, B._SortedPairs.positions
+    monkeypatch.setattr(B, "_read_sizes", lambda ds, a, b: reads.append(a) or real_read(ds, a, b))
+    monkeypatch.setattr(B._SortedPairs, "positions",
+                        lambda self, s: gathers.append(self.keys is None) or real_positions(self, s))
+    n = len(src)
+    reasons = [skip_reason(int(s), int(t), kw) for s, t in zip(src, tgt)]
+    want = [i for i in range(n) if reasons[i] is None]
+
+    whole = EpochBatches(Sizes(src), Sizes(tgt), **kw)  # world size 1: every batch
+    assert len(set(reads)) == -(-n // chunk) >= 4  # the scan crossed several chunks of the patched size
+    reads.clear()
+    everything = [b.tolist() for b in whole.batches(epoch)]
+    assert sorted(set(reads)) == list(range(0, n, chunk))  # so did the plan's own pass
+    assert len(gathers) == -(-len(everything) // gather)  # the gather steps were the patched size
+    assert sorted(i for b in everything for i in b) == want  # each pair that fits exactly once
+    f = whole.filter
+    assert f.indices.tolist() == want and f.skipped == n - len(want)
+    assert (f.skipped_src_too_long, f.skipped_tgt_too_long, f.skipped_over_max_tokens) == tuple(
+        reasons.count(r) for r in ("src", "tgt", "tokens"))
+    assert len(whole) == len(everything)
+    event(f"gather steps: {min(len(gathers), 3)}{'+' if len(gathers) >= 3 else ''}")
+    event("packed keys" if not any(gathers) else "lexsort")
+    event(f"world size {world_size}, {len(everything) % world_size} batches dropped")
+    event(f"pairs that fit: {'none' if not want else 'all' if len(want) == n else 'some'}")
+    for b in everything:
+        cost = max(-(-(max(int(src[i]), int(tgt[i])) + 1) // kw["pad_multiple"]) * kw["pad_multiple"] for i in b)
+        assert b and (kw["max_tokens"] is None or len(b) * cost <= kw["max_tokens"])
+        assert kw["max_sentences"] is None or len(b) <= kw["max_sentences"]
+
+    kept = len(everything) // world_size * world_size  # shard_batches drops the rest, < world_size
+    seen = []
+    for rank in range(world_size):
+        eb = EpochBatches(Sizes(src), Sizes(tgt), rank=rank, world_size=world_size, **kw)
+        plan = [b.tolist() for b in eb.batches(epoch)]
+        assert plan == everything[rank:kept:world_size] and len(eb) == len(plan)
+        if rank == world_size - 1:  # one rank suffices: they share the code
+            check_resume(Tokens(src), Tokens(tgt), rank, world_size, kw, epoch, plan)
+        seen += [i for b in plan for i in b]
+    assert len(seen) == len(set(seen))  # no pair on two ranks
+    assert sorted(seen) == sorted(i for b in everything[:kept] for i in b)
+    assert everything == reference(src, tgt, rank=0, world_size=1, epoch=epoch, **kw)  # make_batches' batches
+
+
+class Tokens(Sizes):
+    """A dataset side whose sentence i is sizes[i] tokens (what collation reads)."""
+
+    def __getitem__(self, i):
+        return np.full(int(self.sizes[i]), 7, np.int64)
+
+
+def check_resume(src_ds, tgt_ds, rank, world_size, kw, epoch, plan):
+    """A resumed run (a new process, another epoch's plan built first) has the same plan, and at
+    half the epoch collates the rest of it, every tensor within the limits."""
+    eb = EpochBatches(src_ds, tgt_ds, rank=rank, world_size=world_size, **kw)
+    eb.batches(epoch + 1)
+    assert [b.tolist() for b in eb.batches(epoch)] == plan
+    if max((max(src_ds.sizes[i], tgt_ds.sizes[i]) for b in plan for i in b), default=0) > 300:
+        return  # the wide sizes of the lexsort path: millions of tokens, not collated
+    offset = len(plan) // 2
+    batches = list(eb.iterate(epoch, offset))
+    assert [b.indices.tolist() for b in batches] == plan[offset:]
+    for b in batches:
+        for x in (b.src_tokens, b.prev_output_tokens, b.target):
+            assert kw["max_tokens"] is None or x.numel() <= kw["max_tokens"]
+            assert x.shape[1] % kw["pad_multiple"] == 0
+        assert kw["max_source_positions"] is None or int((b.src_tokens != 0).sum(1).max()) <= kw["max_source_positions"]
+        assert kw["max_target_positions"] is None or int((b.target != 0).sum(1).max()) <= kw["max_target_positions"]

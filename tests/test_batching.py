@@ -316,3 +316,43 @@ def test_epoch_batches_pass_every_setting_to_filter_and_batching():
     with pytest.raises(ValueError) as e:
         EpochBatches(S, ListDataset(seqs_t[:-1]), max_tokens=40)
     assert str(e.value) == "source has 120 sentences but target has 119"
+
+
+# --- property tests (Hypothesis) ---
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+
+@st.composite
+def batching_cases(draw):
+    """Sizes of the pairs that passed filter_by_size (some given indices only), and the limits."""
+    n = draw(st.integers(0, 80))
+    src = np.array(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)), np.int64)
+    tgt = np.array(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)), np.int64)
+    idx = np.array(sorted(draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))) if n else [], np.int64)
+    m = draw(st.sampled_from([1, 2, 8]))
+    top = int(pair_cost_lengths(src[idx], tgt[idx], m).max()) if len(idx) else 1
+    max_tokens = draw(st.none() | st.integers(top, 4 * top + 40))  # every given pair fits alone
+    max_sentences = draw(st.integers(1, 9) if max_tokens is None else st.none() | st.integers(1, 9))
+    return idx, src, tgt, dict(max_tokens=max_tokens, max_sentences=max_sentences, pad_multiple=m,
+                               shuffle=draw(st.booleans()), seed=draw(st.integers(0, 99)),
+                               epoch=draw(st.integers(1, 9)))
+
+
+@pytest.mark.fuzz
+@given(batching_cases())
+def test_make_batches_property_greedy_partition_within_limits(case):
+    """Every given pair exactly once, no batch over a limit, the batch sizes those of the
+    item-by-item greedy rule, and the same batches when rebuilt from the same (seed, epoch)."""
+    idx, src, tgt, kw = case
+    batches = make_batches(idx, src, tgt, **kw)
+    assert sorted(i for b in batches for i in b.tolist()) == idx.tolist()
+    lengths = pair_cost_lengths(src, tgt, kw["pad_multiple"])
+    for b in batches:
+        assert len(b) and (kw["max_tokens"] is None or len(b) * lengths[b].max() <= kw["max_tokens"])
+        assert kw["max_sentences"] is None or len(b) <= kw["max_sentences"]
+    ref = greedy_reference(np.sort(lengths[idx]).tolist(), kw["max_tokens"] or 2**62, kw["max_sentences"])
+    assert sorted(map(len, batches)) == sorted(ref)
+    if not kw["shuffle"]:
+        assert [len(b) for b in batches] == ref
+    assert [b.tolist() for b in make_batches(idx, src, tgt, **kw)] == [b.tolist() for b in batches]

@@ -199,3 +199,113 @@ def test_sampling_is_seeded_scored_by_the_model_and_top1_is_greedy(reverser):
     greedy = run_both(reverser, REV_SRCS, SearchConfig(beam=1), tol=1e-4)
     top1 = arrays.search(AsArrays(reverser), src, SearchConfig(sampling=True, beam=3, nbest=3, topk=1, seed=1))
     assert all(h.tokens == g[0].tokens for g, hs in zip(greedy, top1) for h in hs)
+
+
+# --- property tests (Hypothesis) ---
+#
+# Generated search settings and batches of sources, from the empty sentence up to exactly the
+# model's max_source_positions (tokens + </s>), with the output limit capped by its
+# max_target_positions as the Translator caps it: the numpy search and the torch search, fed the
+# same log-probs (the same model behind `AsArrays`), give the same hypotheses.
+
+import functools  # noqa: E402
+
+from hypothesis import event, given, strategies as st  # noqa: E402
+
+from nmtkit.search.config import EARLY_STOP, LENPEN_FORMS, UNK  # noqa: E402
+
+
+class LimitedToy(ToyModel):
+    """The hash-table model with a Transformer's position limits: a longer source, or a step past
+    the decoder's last position, is an error rather than a silently accepted input."""
+
+    def __init__(self, vocab, seed, max_source_positions, max_target_positions):
+        super().__init__(vocab, seed)
+        self.max_source_positions, self.max_target_positions = max_source_positions, max_target_positions
+
+    def encode(self, src):
+        assert src.size(1) <= self.max_source_positions
+        return super().encode(src)
+
+    def decode_step(self, prev, enc, cache):
+        assert cache.steps < self.max_target_positions
+        return super().decode_step(prev, enc, cache)
+
+
+@functools.lru_cache(maxsize=None)
+def limited_model(kind):
+    """("toy", V, seed): a LimitedToy; "reverser": the half-trained Transformer with its (computed,
+    not stored) sinusoid positions cut to 10 source and 12 target positions."""
+    if kind == "reverser":
+        from pathlib import Path
+
+        from nmtkit.models import ArchConfig, Transformer
+
+        torch.set_num_threads(1)
+        weights = torch.load(Path(__file__).parent / "golden" / "search_models.pt", weights_only=True)["post"]
+        cfg = ArchConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
+                         max_source_positions=10, max_target_positions=12)
+        m = Transformer(cfg, 12, 12)
+        m.load_state_dict({k: v.float() for k, v in weights.items()})
+        m.eval()
+        m.V = 12
+        return m
+    _, vocab, seed = kind
+    return LimitedToy(vocab, seed, max_source_positions=9, max_target_positions=11)
+
+
+@st.composite
+def search_cases(draw):
+    """(model kind, source rows, SearchConfig) with every rule of the beam and greedy searches."""
+    kind = draw(st.sampled_from(["reverser"]) | st.tuples(st.just("toy"), st.integers(4, 12), st.integers(0, 3)))
+    model = limited_model(kind)
+    longest = model.max_source_positions - 1  # tokens before </s>
+    symbols = st.integers(UNK, model.V - 1)
+    length = st.just(longest) | st.integers(0, longest)
+    srcs = draw(st.lists(length.flatmap(lambda n: st.lists(symbols, min_size=n, max_size=n)), min_size=1, max_size=4))
+    real = functools.partial(st.floats, width=32, allow_subnormal=False)  # what SearchConfig accepts
+    beam = draw(st.integers(2, 5) | st.just(1))
+    top = model.max_target_positions - 1  # the Translator's cap: decoder positions 0 .. top
+    cfg = SearchConfig(
+        beam=beam, nbest=draw(st.integers(1, beam)), early_stop=draw(st.sampled_from(EARLY_STOP)),
+        lenpen_form=draw(st.sampled_from(LENPEN_FORMS)),
+        lenpen=draw(st.sampled_from([0.0, 0.6, 1.0, -0.5]) | real(-3.0, 3.0)),
+        max_len_a=draw(st.sampled_from([0.0, 0.5, 1.0, 2.0]) | real(0.0, 3.0)),
+        max_len_b=draw(st.integers(0, 12)), min_len=draw(st.integers(0, 14)),
+        no_repeat_ngram_size=draw(st.integers(0, 3)),
+        unk_penalty=draw(st.sampled_from([0.0, 0.0, 1.5, -2.0]) | real(-6.0, 6.0)),
+        max_len_cap=draw(st.just(top) | st.integers(0, top)))
+    return kind, srcs, cfg
+
+
+def same_hypotheses(mine, native, tol=1e-5):
+    """The same tokens, scores, log-probs and per-token log-probs, within 1e-5 or float32 rounding
+    (a relative 1e-6) for large scores: greedy search sums a row's float32 log-probs in numpy's
+    order or torch's, one unit in the last place apart, and a length penalty below 1 (a negative
+    --lenpen) scales that up past 1e-5 (-125.070465 against -125.070475)."""
+    assert len(mine) == len(native)
+    close = functools.partial(pytest.approx, abs=tol, rel=1e-6)
+    for a, b in zip(mine, native):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == close([h.score for h in b])
+        assert [h.logprob for h in a] == close([h.logprob for h in b])
+        for x, y in zip(a, b):
+            assert x.positional_scores == close(y.positional_scores)
+
+
+@pytest.mark.fuzz
+@given(search_cases())
+def test_search_property_numpy_equals_torch(case):
+    kind, srcs, cfg = case
+    model, src = limited_model(kind), src_batch(srcs)
+    assert src.size(1) <= model.max_source_positions
+    with torch.inference_mode():
+        native = search(model, src, cfg)
+    same_hypotheses(arrays.search(AsArrays(model), src.numpy(), cfg), native)
+    limits = arrays.max_lengths(src.numpy(), cfg).tolist()
+    event("the reverser" if kind == "reverser" else "a toy model")
+    event(f"source at the position limit: {src.size(1) == model.max_source_positions}")
+    event(f"output limit reached: {any(len(h.tokens) == n for hs, n in zip(native, limits) for h in hs)}")
+    last = any(len(h.tokens) + 1 == model.max_target_positions for hs in native for h in hs)
+    event(f"output at the decoder's last position: {last}")
+    event("greedy" if cfg.beam == 1 else f"beam, early stop {cfg.early_stop}")

@@ -297,3 +297,15 @@ def test_load_split_verifies_only_its_own_shards_by_default(tmp_path):
     q.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))  # the index checked too, not only the .bin
     with pytest.raises(UserError, match=re.escape(f"{q}: checksum mismatch")):
         load_split(d, "train", "en")
+
+
+def test_load_split_takes_a_manifest_already_read(tmp_path):
+    """generate reads a data directory's manifest once and passes it: then manifest.json is not
+    read again, neither to find the shards nor to verify them."""
+    d, corpus = _data_dir(tmp_path)
+    manifest = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").unlink()
+    ds = load_split(d, "train", "en", manifest=manifest)  # verified against the given manifest
+    assert [x.tolist() for x in ds] == corpus["train"]["en"]
+    with pytest.raises(UserError, match="is not a complete nmtkit data directory"):
+        load_split(d, "train", "en")  # without it, the directory's own (gone) is read

@@ -301,6 +301,7 @@ def collate(
 # ---------------------------------------------------------------------------------------------
 
 SIZE_CHUNK = 1 << 18  # sentences per step of a pass over the size arrays (bounds its int64 temporaries: ~20 MB)
+GATHER_STEP = 8192  # batches per step of gathering a plan's positions (bounds its int64 slot numbers)
 
 
 def _read_sizes(ds: TokenDataset, start: int, stop: int) -> np.ndarray:
@@ -321,10 +322,11 @@ class _Limits:
     pad_multiple: int
 
 
-def _kept_chunks(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits, chunk: int = SIZE_CHUNK):
-    """One pass over the size arrays, chunk by chunk: (first position, SizeFilter of the chunk with
-    chunk-local indices, kept source sizes, kept target sizes, kept cost lengths), all int64."""
-    n = len(src_ds)
+def _kept_chunks(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits):
+    """One pass over the size arrays, SIZE_CHUNK sentences at a time: (first position, SizeFilter of
+    the chunk with chunk-local indices, kept source sizes, kept target sizes, kept cost lengths), all
+    int64. SIZE_CHUNK is read on each call, so a test can make the chunks small."""
+    n, chunk = len(src_ds), SIZE_CHUNK
     for a in range(0, n, chunk):
         b = min(n, a + chunk)
         src, tgt = _read_sizes(src_ds, a, b), _read_sizes(tgt_ds, a, b)
@@ -481,7 +483,7 @@ def build_plan(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits, scan: S
     mine = sizes[order]
     bounds = np.concatenate([[0], np.cumsum(mine)]).astype(np.int64)
     positions = np.empty(int(bounds[-1]), pairs.owner.dtype)
-    step = 8192  # batches gathered per step: the slot numbers are int64, so a bounded number at a time
+    step = GATHER_STEP  # batches gathered per step: the slot numbers are int64, so a bounded number at a time
     for c in range(0, len(order), step):
         b, lens = order[c : c + step], mine[c : c + step]
         local = np.concatenate([[0], np.cumsum(lens)[:-1]])
