@@ -492,3 +492,101 @@ def test_docs_python_example_runs(setup, tmp_path, monkeypatch, capsys):  # noqa
     exec(compile(code, "docs/serve.md", "exec"), {})  # noqa: S102 - the documented example itself
     want = Translator.load(ckpt, data, warn=lambda m: None).translate(["Ein Hund läuft."], beam=5)
     assert capsys.readouterr().out.splitlines() == want
+
+
+# --- property tests (Hypothesis) ---
+# Valid /translate requests through the app in process (ASGI, no sockets; test_serve_hardening.py
+# has the requests of any shape): each sentence comes back as a Translator of the same model
+# translates it alone, with the request's settings and terms; a request is refused (400, one
+# line) exactly when some sentence alone is refused (a phrase the model cannot spell, more
+# constraints than the beam has room for, ...). Phrases are words of the tiny model's target side
+# or any text, lone surrogates included.
+
+from hypothesis import event, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.errors import UserError  # noqa: E402
+from nmtkit.serving.app import Limits, ServerState, build_app  # noqa: E402
+from nmtkit.serving.batcher import Batcher  # noqa: E402
+from tests.test_generate import DE, EN  # noqa: E402
+from tests.test_serve_hardening import CHARS, asgi, json_answer, translate_bodies  # noqa: E402
+
+MODEL_LIMITS = Limits(max_request_sentences=3, max_sentence_chars=60, max_beam=6)
+WORDS = st.lists(st.sampled_from(DE), max_size=3).map(" ".join)
+PHRASES = st.one_of(st.lists(st.sampled_from(EN), min_size=1, max_size=2).map(" ".join),
+                    st.text(st.one_of(CHARS, st.characters(categories=["Cs"])), max_size=6))
+
+
+class ModelServer:
+    """The app of a ready server on the tiny model, in process, and a Translator of its own for
+    what each sentence gives alone (a Translator is not thread-safe)."""
+
+    def __init__(self, app, tr):
+        self.app, self.tr, self.cache = app, tr, {}
+
+    def __repr__(self) -> str:  # Hypothesis prints it with every failing example
+        return "ModelServer(tiny model)"
+
+    def alone(self, body: dict, i: int):
+        """Sentence `i` of `body` translated alone with the body's settings and terms: its list
+        of Translations, or the UserError that refuses it."""
+        terms = {name: [body[name][i]] for name in ("constraints", "avoid", "prefix") if body.get(name) is not None}
+        if terms:
+            terms["ordered"] = body.get("ordered", False)
+        search = {k: body[k] for k in ("beam", "nbest", "lenpen") if k in body}
+        key = json.dumps([body["text"][i], search, terms], sort_keys=True)
+        if key not in self.cache:
+            try:
+                self.cache[key] = self.tr.translate_nbest([body["text"][i]], **search, **terms)[0]
+            except UserError as e:
+                self.cache[key] = e
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def model_server(setup):  # noqa: F811
+    data, ckpt, _, _ = setup
+    opts = options(data, ckpt)
+    state = ServerState(MODEL_LIMITS, log=lambda line: None)
+    state.batcher = Batcher(load_translator(opts, lambda msg: None), max_wait=0.0).start()
+    state.info = {"model": {"runtime": "nmtkit"}, "attention": True}
+    yield ModelServer(build_app(state), load_translator(opts, lambda msg: None))
+    state.batcher.close()
+
+
+def lone_surrogate(body: dict) -> bool:
+    """Whether a phrase of `body` holds a lone surrogate (JSON's "\\ud800", no character)."""
+    try:
+        json.dumps([body.get(name) for name in ("constraints", "avoid", "prefix")], ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+@pytest.mark.fuzz
+# a search per example and one per sentence alone (~50 ms each): a sixth of the profile's examples
+@settings(max_examples=max(10, settings.default.max_examples // 6))
+@given(body=translate_bodies(MODEL_LIMITS, sentence=WORDS, phrase=PHRASES, terms=2))
+@example(body={"text": ["der Hund"], "constraints": [["\ud800"]]})  # sentencepiece's RuntimeError: a 500
+@example(body={"text": ["der Hund", "Kind"], "beam": 2, "nbest": 2, "scores": True, "avoid": [["the"], None],
+               "prefix": [None, "a"], "constraints": [["dog"], None], "ordered": True})
+def test_valid_requests_get_what_each_sentence_gets_alone(model_server, body):
+    status, headers, raw = asgi(model_server.app, "POST", "/translate", [(b"content-type", b"application/json")],
+                                [json.dumps(body).encode()])
+    got = json_answer(status, headers, raw)
+    event(f"status {status}")
+    if lone_surrogate(body):  # refused as the request is read, as a sentence with one is
+        assert status == 400 and "holds a lone surrogate" in got["error"], got
+        return
+    rows = [model_server.alone(body, i) for i in range(len(body["text"]))]
+    refused = [r for r in rows if isinstance(r, UserError)]
+    assert status == (400 if refused else 200), (got, refused)
+    if refused:
+        return
+    nbest = body.get("nbest", 1)
+    texts = [[t.text for t in row] for row in rows]
+    assert got["translations"] == ([t[0] for t in texts] if nbest == 1 else texts)
+    if body.get("scores"):
+        scores = [[t.score for t in row] for row in rows]
+        flat = lambda x: [v for r in x for v in (r if isinstance(r, list) else [r])]  # noqa: E731
+        assert flat(got["scores"]) == pytest.approx(flat(scores), abs=1e-5)

@@ -44,11 +44,15 @@ class Echo:
 
     def __init__(self, delay: float = 0.0, gate: threading.Event | None = None):
         self.search = SearchConfig(max_len_b=6)
-        self.engine = SimpleNamespace(name="echo", architectures=lambda: [{"d_model": 8}])
+        self.engine = SimpleNamespace(name="echo", architectures=lambda: [{"d_model": 8}], require_terms=lambda: None)
         self.delay, self.gate = delay, gate
 
     def search_config(self, **settings):
         return dataclasses.replace(self.search, **settings)
+
+    def terms(self, constraints, avoid, prefix, ordered, where):
+        """Terminology is accepted and ignored: Echo has no target vocabulary to check it against."""
+        return None
 
     def translate_nbest(self, sentences, **settings):
         time.sleep(self.delay)
@@ -153,6 +157,33 @@ def test_partial_headers_get_408_and_silent_connections_are_closed(model):
         assert translate(port, ["ein hund"]) == (200, {"translations": ["EIN HUND"]})
     slow_lines = [x for x in logs if "did not arrive within 0.5 s (--header-timeout)" in x]
     assert len(slow_lines) == 1 and slow_lines[0].endswith("(at most one such line every 10 s)")
+
+
+def test_bytes_left_after_a_request_are_a_next_request_whose_headers_get_408(model):
+    """Before: a Content-Length shorter than the body sent left bytes that began the next
+    request's headers; the connection was closed without a word after --header-timeout."""
+    with serving(echo_options(model, header_timeout=0.5)) as (port, _, _):
+        body = json.dumps({"text": ["ein hund"]}).encode()
+        with connect(port, POST_HEAD % 10 + body) as s:
+            t0 = time.monotonic()
+            got = answers_in(read_all(s))
+        assert [status for status, _, _ in got] == [400, 408] and 0.4 < time.monotonic() - t0 < 5
+        assert json.loads(got[1][2]) == {"error": "the request's headers did not arrive within 0.5 s "
+                                                  "(--header-timeout)"}
+
+
+def test_what_is_not_http_gets_a_json_400_and_a_trailing_slash_is_another_path(model):
+    """Before: uvicorn's plain-text 400 without a length, and a 307 redirect with an empty body."""
+    with serving(echo_options(model)) as (port, _, _):
+        for data in [b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                     b"GET /health HTTP/1.1\r\nHost: x\r\nNot a header\r\n\r\n", b"\x16\x03\x01\x02\x00\r\n\r\n"]:
+            with connect(port, data) as s:
+                raw = read_all(s)
+            assert raw.startswith(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"), raw
+            assert answers_in(raw)[0][2] == (b'{"error": "the request is not valid HTTP/1.1 (its request line, headers '
+                                             b'or chunked body)"}')
+        assert request(port, "GET", "/health/") == (404, {"error": "no such path /health/ (the API has /, /health, "
+                                                                   "/info, /translate and /attention)"})
 
 
 def test_a_stalled_body_gets_408_and_its_connection_closed(model):
@@ -503,6 +534,402 @@ def test_new_flags_are_checked(model, monkeypatch):
                            ({"max_connections": 0}, "--max-connections must be >= 1, got 0")]:
         with pytest.raises(UserError, match=re.escape(message)):
             echo_options(model, **flags).validate()
+
+
+# --- property tests (Hypothesis) ---
+# Any request gets exactly one answer with a JSON body ({"error": one line} on 4xx), never a 500
+# nor a connection closed unanswered; a valid /translate request gets each sentence as Echo
+# translates it alone (upper-cased). In process through the ASGI app (no sockets: a millisecond
+# an example) for the bodies, methods, paths and headers the app sees; through a real connection
+# for what only the HTTP parser sees (Content-Length, chunked bodies, header bytes).
+
+import asyncio  # noqa: E402
+import copy  # noqa: E402
+
+from hypothesis import event, example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.serving.app import FIELDS, Limits, ServerState, build_app  # noqa: E402
+from nmtkit.serving.attention import FIELDS as ATTENTION_FIELDS  # noqa: E402
+from nmtkit.serving.batcher import Batcher  # noqa: E402
+
+LIMITS = Limits(max_request_sentences=4, max_sentence_chars=40, max_beam=6)
+
+# text: any character, the ones that break parsers and logs often
+CHARS = st.one_of(st.characters(exclude_categories=["Cs"]),
+                  st.sampled_from('\r\n\t\x00\ufeff\u2028\u202e\x1b\\"é€😀 '))
+SENTENCE = st.text(CHARS, max_size=12).filter(lambda s: not s.startswith(("fail:", "big:")))  # Echo's commands
+PHRASE = st.text(CHARS, max_size=8)
+# any JSON value, with numbers Python holds but a float does not, and lone surrogates (JSON's "\ud800")
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.sampled_from([2**63, -(2**63) - 1, 10**400, -(10**4000)])
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.one_of(CHARS, st.characters(categories=["Cs"])), max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8)
+BAD_UTF8 = st.sampled_from([b"\xff", b"\x80", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf"])
+
+
+@st.composite
+def translate_bodies(draw, limits: Limits = LIMITS, sentence=SENTENCE, phrase=PHRASE, default_beam: int = 4,
+                     terms: int = 4) -> dict:
+    """A valid /translate body within `limits` (the server's beam is `default_beam`); each
+    terminology field in one body out of `terms`."""
+    n = draw(st.integers(0, limits.max_request_sentences))
+    body: dict = {"text": draw(st.lists(sentence, min_size=n, max_size=n))}
+    beam = draw(st.none() | st.integers(1, limits.max_beam))
+    if beam is not None:
+        body["beam"] = beam
+    if draw(st.booleans()):
+        body["nbest"] = draw(st.integers(1, beam or default_beam))
+    if draw(st.booleans()):
+        # (a magnitude below float32's smallest normal number is refused, rightly)
+        body["lenpen"] = draw(st.integers(-10, 10) | st.floats(-10, 10).filter(lambda x: x == 0 or abs(x) > 1e-30))
+    if draw(st.booleans()):
+        body["scores"] = draw(st.booleans())
+    entries = {"constraints": st.none() | st.lists(phrase, min_size=1, max_size=2),
+               "avoid": st.none() | st.lists(phrase, min_size=1, max_size=2), "prefix": st.none() | phrase}
+    for name, entry in entries.items():
+        if draw(st.integers(1, terms)) == 1:
+            body[name] = draw(st.none() | st.lists(entry, min_size=n, max_size=n))
+    if draw(st.booleans()):
+        body["ordered"] = draw(st.booleans())
+    return body
+
+
+@st.composite
+def attention_bodies(draw, limits: Limits = LIMITS) -> dict:
+    """A valid /attention body."""
+    body: dict = {"text": draw(SENTENCE.filter(lambda s: len(s) <= limits.max_sentence_chars))}
+    for name, value in (("target", SENTENCE), ("layer", st.integers(-3, 3)), ("head", st.none() | st.integers(0, 3))):
+        if draw(st.booleans()):
+            body[name] = draw(value)
+    return body
+
+
+@st.composite
+def mutated(draw, body: dict, fields: tuple[str, ...]) -> dict:
+    """`body` with one thing wrong: a field of any other value, an entry of a list replaced, a
+    field missing, or a field the API does not know."""
+    body = copy.deepcopy(body)
+    lists = sorted(k for k, v in body.items() if isinstance(v, list) and v)
+    how = draw(st.sampled_from(["value", "missing", "unknown"] + (["entry"] if lists else [])))
+    if how == "value":
+        body[draw(st.sampled_from(fields))] = draw(JSON_VALUE)
+    elif how == "missing":
+        body.pop(draw(st.sampled_from(sorted(body))))
+    elif how == "unknown":
+        body[draw(st.text(max_size=8).filter(lambda k: k not in fields))] = draw(JSON_VALUE)
+    else:
+        name = draw(st.sampled_from(lists))
+        body[name][draw(st.integers(0, len(body[name]) - 1))] = draw(JSON_VALUE)
+    return body
+
+
+NUMBERS = [b"1" + b"0" * 5000, b"1" + b"0" * 4000, b"1e400", b"-1e400", b"1E-400", b"-0", b"2.0", b"NaN",
+           b"Infinity", b"-Infinity"]
+
+
+@st.composite
+def damaged(draw, raw: bytes, obj: dict) -> tuple[bytes, str]:
+    """(body, how): `raw` (the JSON of `obj`) intact, or damaged: cut short, with a byte that is
+    not UTF-8, a BOM, in UTF-16, nested too deep, with a number JSON allows that Python or a float
+    cannot hold or a constant JSON does not allow, with a key twice, or JSON that is no object."""
+    how = draw(st.sampled_from(["intact"] * 6 + ["cut", "not UTF-8", "BOM", "UTF-16", "deep", "number", "twice",
+                                                 "not an object"]))
+    if how == "cut":
+        raw = raw[:draw(st.integers(0, max(0, len(raw) - 1)))]
+    elif how == "not UTF-8":
+        at = draw(st.integers(0, len(raw)))
+        raw = raw[:at] + draw(BAD_UTF8) + raw[at:]
+    elif how == "BOM":
+        raw = b"\xef\xbb\xbf" + raw
+    elif how == "UTF-16":
+        raw = json.dumps(obj).encode("utf-16")
+    elif how == "deep":
+        d = draw(st.sampled_from([50, 900, 1000, 3000, 100_000]))
+        nested = draw(st.sampled_from([b"[" * d + b"]" * d, b'{"a": ' * d + b"1" + b"}" * d]))
+        raw = draw(st.sampled_from([nested, b'{"text": ' + nested + b"}", b'{"text": [], "beam": ' + nested + b"}",
+                                    b'{"text": [' + nested + b"]}"]))
+    elif how == "number":
+        field = draw(st.sampled_from(["beam", "nbest", "lenpen", "layer", "head"]))
+        raw = b'{"text": ["a"], "%s": %s}' % (field.encode(), draw(st.sampled_from(NUMBERS)))
+    elif how == "twice" and raw.endswith(b"}") and obj:
+        raw = raw[:-1] + b', "text": ' + json.dumps(draw(JSON_VALUE)).encode() + b"}"
+    elif how == "not an object":
+        raw = json.dumps(draw(JSON_VALUE.filter(lambda v: not isinstance(v, dict)))).encode()
+    return raw, how
+
+
+@dataclasses.dataclass
+class Request:
+    """One generated request, and the answer a valid one must get (None: any JSON answer)."""
+
+    method: str
+    path: str
+    headers: list
+    chunks: list
+    want: tuple[int, dict] | None = None
+
+
+def echo_answer(body: dict) -> dict:
+    """What Echo answers a valid /translate `body`: each sentence upper-cased, alone."""
+    nbest = body.get("nbest", 1)
+    rows = [s.upper() for s in body["text"]]
+    out: dict = {"translations": rows if nbest == 1 else [[r] for r in rows]}
+    if body.get("scores"):
+        out["scores"] = [0.0 if nbest == 1 else [0.0] for _ in rows]
+    return out
+
+
+CONTENT_TYPES = [b"application/json", b"application/json; charset=utf-8", b"text/plain", b"",
+                 b"application/x-www-form-urlencoded", b"multipart/form-data; boundary=x",
+                 b"application/json; charset=utf-16", b"\xff\xfe;;="]
+LENGTHS = [b"abc", b"-1", b"1e3", b" 12", b"\xb2", b"\xb9\xb2", b"12, 12", b"0x10", b"", b"9" * 30]
+KNOWN_PATHS = ["/translate", "/attention", "/health", "/info", "/"]
+METHODS = ["GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE"]
+
+
+@st.composite
+def asgi_requests(draw) -> Request:
+    """A request as the ASGI app receives it: mostly POST /translate with a valid body or one
+    mutated, else /attention or any method and path; any Content-Type, a Content-Length that
+    may disagree with the body (the app sees the header; the body is framed already), other
+    headers of any bytes; the body in pieces."""
+    what = draw(st.sampled_from(["translate"] * 4 + ["attention", "anything"]))
+    if what == "anything":
+        method = draw(st.sampled_from(METHODS) | st.from_regex(r"[A-Z]{1,8}", fullmatch=True))
+        path = draw(st.sampled_from(KNOWN_PATHS) | st.sampled_from(KNOWN_PATHS).map(lambda p: p.rstrip("/") + "/")
+                    | st.sampled_from(KNOWN_PATHS).map(str.upper) | st.text(CHARS, max_size=12).map(lambda s: "/" + s))
+    else:
+        method, path = "POST", f"/{what}"
+    fields = ATTENTION_FIELDS if what == "attention" else FIELDS
+    valid = draw(attention_bodies() if what == "attention" else translate_bodies())
+    obj = draw(mutated(valid, fields)) if draw(st.booleans()) else valid
+    raw, how = draw(damaged(json.dumps(obj, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass"), obj))
+    headers = []
+    if (content_type := draw(st.none() | st.sampled_from(CONTENT_TYPES))) is not None:
+        headers.append((b"content-type", content_type))
+    length = draw(st.sampled_from(["right"] * 3 + ["none", "less", "more", "odd"]))
+    claimed = {"right": b"%d" % len(raw), "none": None, "less": b"%d" % max(0, len(raw) - draw(st.integers(1, 10))),
+               "more": b"%d" % (len(raw) + draw(st.integers(1, 10_000))), "odd": draw(st.sampled_from(LENGTHS))}[length]
+    if claimed is not None:
+        headers.append((b"content-length", claimed))
+    names = st.sampled_from([b"transfer-encoding", b"expect", b"connection", b"host", b"content-encoding", b"x-a"])
+    headers += draw(st.lists(st.tuples(names, st.binary(max_size=16)), max_size=2))
+    cuts = sorted(draw(st.lists(st.integers(0, len(raw)), max_size=3)))
+    chunks = [raw[i:j] for i, j in zip([0, *cuts], [*cuts, len(raw)])]
+    want = None
+    if what == "translate" and obj is valid and how == "intact":
+        too_big = claimed is not None and claimed.isdigit() and int(claimed) > LIMITS.max_body_bytes  # ASCII digits
+        want = (413, None) if too_big else (200, echo_answer(valid))
+    return Request(method, path, headers, chunks, want)
+
+
+def asgi(app, method: str, path: str, headers=(), chunks=(b"",), timeout: float = 30.0) -> tuple[int, dict, bytes]:
+    """One request through the ASGI `app` in this process, its body in `chunks`: (status,
+    headers, body). Fails unless the app sends exactly one answer, a start and then its body to
+    the end, within `timeout` seconds."""
+    async def run() -> list[dict]:
+        pending = list(chunks) or [b""]
+        answered = asyncio.Event()
+        sent: list[dict] = []
+
+        async def receive():
+            if pending:
+                body = pending.pop(0)
+                return {"type": "http.request", "body": body, "more_body": bool(pending)}
+            await answered.wait()  # the client stays until its answer is complete
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            assert not answered.is_set(), f"sent after the answer was complete: {message}"
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered.set()
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "headers": list(headers), "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+        await asyncio.wait_for(app(scope, receive, send), timeout)
+        return sent
+
+    sent = asyncio.run(run())
+    kinds = [m["type"] for m in sent]
+    assert len(sent) >= 2 and kinds == ["http.response.start"] + ["http.response.body"] * (len(sent) - 1), kinds
+    assert not sent[-1].get("more_body", False)
+    head = {k.decode("latin-1"): v.decode("latin-1") for k, v in sent[0].get("headers", [])}
+    return sent[0]["status"], head, b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def json_answer(status: int, headers: dict, body: bytes):
+    """The answer's JSON, checked as docs/serve.md promises: not a 500, a JSON body said to be
+    one, and on 4xx exactly {"error": one line}."""
+    assert status != 500, body
+    assert headers.get("content-type") == "application/json", (status, headers, body[:200])
+    obj = json.loads(body.decode("utf-8"))
+    if status >= 400:
+        assert isinstance(obj, dict) and list(obj) == ["error"] and isinstance(obj["error"], str), obj
+        assert obj["error"] and "\n" not in obj["error"] and "\r" not in obj["error"], obj
+    return obj
+
+
+@pytest.fixture(scope="module")
+def echo_app():
+    """The app of a ready server over Echo, in process, with LIMITS."""
+    pytest.importorskip("starlette")
+    state = ServerState(LIMITS, body_timeout=10.0, log=lambda line: None)
+    state.batcher = Batcher(Echo(), max_wait=0.0).start()
+    state.info = {"model": {"runtime": "echo"}, "attention": False}
+    yield build_app(state)
+    state.batcher.close()
+
+
+@pytest.mark.fuzz
+@given(req=asgi_requests())
+@example(req=Request("POST", "/translate", [(b"content-length", b"\xb2")], [b'{"text": ["a"]}'],
+                     (200, {"translations": ["A"]})))  # "²" is a digit to str.isdigit, not to int(): a 500
+@example(req=Request("GET", "/translate/", [], [b""], (404, None)))  # a 307 redirect with an empty body
+def test_any_request_in_process_gets_one_json_answer_and_never_a_500(echo_app, req):
+    status, headers, body = asgi(echo_app, req.method, req.path, req.headers, req.chunks)
+    event(f"status {status}")
+    if status == 200 and req.path == "/" and req.method in ("GET", "HEAD"):  # the page
+        assert headers["content-type"].startswith("text/html")
+        return
+    got = json_answer(status, headers, body)
+    if req.want is not None:
+        assert status == req.want[0] and (req.want[1] is None or got == req.want[1]), (status, got)
+
+
+@dataclasses.dataclass
+class RawRequest:
+    """The bytes a client sends, and the answers a valid request must get (None: any JSON ones)."""
+
+    data: bytes
+    answers: tuple[int, ...] = (1,)  # how many answers it may get
+    want: list | None = None
+
+
+def chunked(body: bytes, cuts: list[int]) -> bytes:
+    """`body` in chunked transfer coding, cut at `cuts`."""
+    pieces = [body[i:j] for i, j in zip([0, *cuts], [*cuts, len(body)]) if j > i]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+FRAMINGS = ["length"] * 3 + ["shorter", "twice", "two values", "not a number", "chunked", "broken chunk",
+                             "chunked and length", "gzip", "none", "pipelined", "HTTP/1.0"]
+ODD_HEADERS = {  # header lines, and whether the request stays valid with them (None: either)
+    "content type": (lambda draw: [b"Content-Type: " + draw(st.sampled_from(CONTENT_TYPES))], True),
+    "bytes beyond ASCII": (lambda draw: [b"X-A: " + draw(st.binary(min_size=1, max_size=8).map(
+        lambda b: bytes(x | 0x80 for x in b)))], True),
+    "expect 100-continue": (lambda draw: [b"Expect: 100-continue"], True),
+    "no colon": (lambda draw: [b"Not a header"], False),
+    "folded": (lambda draw: [b"X-A: a", b" folded"], True),  # obsolete line folding, which h11 unfolds
+    # refused when h11 holds over 16 KiB of it without its end: as the bytes happen to arrive
+    "too large": (lambda draw: [b"X-A: " + b"a" * 17_000], None),
+    "no host": (lambda draw: [], False),
+    "NUL": (lambda draw: [b"X-A: a\x00b"], False),
+    "space in name": (lambda draw: [b"X A: b"], False),
+}
+
+
+@st.composite
+def raw_requests(draw) -> RawRequest:
+    """Bytes of a POST /translate as a client could send them: a valid body (or a damaged one),
+    framed by Content-Length (right, shorter than the body, twice, two values, not a number), by
+    chunks (right or broken), by both, by neither, or two requests pipelined; with an odd header
+    or none. Each ends with `Connection: close`, so the server closes after answering: no
+    example waits for a timeout."""
+    obj = draw(translate_bodies())
+    raw, how = draw(damaged(json.dumps(obj).encode(), obj))
+    framing = draw(st.sampled_from(FRAMINGS))
+    odd = draw(st.none() | st.sampled_from(sorted(ODD_HEADERS)))
+    lines, benign = (ODD_HEADERS[odd][0](draw), ODD_HEADERS[odd][1]) if odd else ([], True)
+    host = [] if odd == "no host" else [b"Host: localhost"]
+    version = b"HTTP/1.0" if framing == "HTTP/1.0" else b"HTTP/1.1"
+    framed = {"length": ([b"Content-Length: %d" % len(raw)], raw),
+              "HTTP/1.0": ([b"Content-Length: %d" % len(raw)], raw),
+              "shorter": ([b"Content-Length: %d" % max(0, len(raw) - draw(st.integers(1, 20)))], raw),
+              "twice": ([b"Content-Length: %d" % len(raw)] * 2, raw),
+              "two values": ([b"Content-Length: %d" % len(raw), b"Content-Length: %d" % (len(raw) + 1)], raw),
+              "not a number": ([b"Content-Length: " + draw(st.sampled_from([b"abc", b"-1", b"1e3", b"0x10", b"1 2"]))],
+                               raw),
+              "chunked": ([b"Transfer-Encoding: chunked"],
+                          chunked(raw, sorted(draw(st.lists(st.integers(0, len(raw))))))),
+              "broken chunk": ([b"Transfer-Encoding: chunked"], draw(st.sampled_from([b"zz\r\n", b"2\r\nabc\r\n"]))),
+              "chunked and length": ([b"Transfer-Encoding: chunked", b"Content-Length: %d" % len(raw)],
+                                     chunked(raw, [])),
+              "gzip": ([b"Transfer-Encoding: gzip"], raw),
+              "none": ([], raw),
+              "pipelined": ([b"Content-Length: %d" % len(raw)], raw)}[framing]
+    head = [b"POST /translate " + version, *host, *lines, *framed[0]]
+    data = b"\r\n".join([*head, b"Connection: close", b"", b""]) + framed[1]
+    valid = benign is True and how == "intact" and framing in ("length", "HTTP/1.0", "chunked", "pipelined")
+    want = [(200, echo_answer(obj))] if valid else None
+    if framing == "pipelined":  # the first request kept alive, then the same again
+        data = b"\r\n".join([*head, b"", b""]) + framed[1] + data
+        want = want and want * 2
+    both = 2 if framing == "pipelined" else 1
+    return RawRequest(data, {True: (both,), False: (1,), None: (1, both)}[benign], want)
+
+
+def answers_in(raw: bytes) -> list[tuple[int, dict, bytes]]:
+    """The final answers in `raw` (interim 1xx ones skipped): status, headers, body. Every
+    answer must say its length: bytes that are not whole answers fail."""
+    out = []
+    while raw:
+        head, sep, rest = raw.partition(b"\r\n\r\n")
+        assert sep, raw[:300]
+        status_line, *lines = head.split(b"\r\n")
+        status = int(status_line.split()[1])
+        headers = {k.strip().lower().decode(): v.strip().decode("latin-1")
+                   for k, _, v in (line.partition(b":") for line in lines)}
+        if 100 <= status < 200:
+            raw = rest
+            continue
+        size = int(headers["content-length"])
+        assert len(rest) >= size, raw[:300]
+        out.append((status, headers, rest[:size]))
+        raw = rest[size:]
+    return out
+
+
+class EchoServer:
+    """A port and the log of its server."""
+
+    def __init__(self, port: int, logs: list):
+        self.port, self.logs = port, logs
+
+    def __repr__(self) -> str:  # Hypothesis prints it with every failing example: not the whole log
+        return f"EchoServer(port={self.port})"
+
+
+@pytest.fixture(scope="module")
+def echo_server(tmp_path_factory):
+    """A server over Echo on a real socket, with LIMITS."""
+    model = tmp_path_factory.mktemp("ckpt") / "model.pt"
+    model.write_bytes(b"not read by Echo")
+    opts = echo_options(str(model), max_request_sentences=LIMITS.max_request_sentences,
+                        max_sentence_chars=LIMITS.max_sentence_chars, max_beam=LIMITS.max_beam)
+    with serving(opts) as (port, _, logs):
+        yield EchoServer(port, logs)
+
+
+@pytest.mark.fuzz
+@given(req=raw_requests())
+def test_any_framing_over_a_connection_gets_its_json_answers_then_the_close(echo_server, req):
+    port, logs = echo_server.port, echo_server.logs
+    with connect(port, timeout=10) as s:
+        with contextlib.suppress(OSError):  # the server may answer and close before it has read everything
+            s.sendall(req.data)
+        raw = read_all(s)
+    got = answers_in(raw)
+    event("statuses " + " ".join(str(status) for status, _, _ in got))
+    assert len(got) in req.answers, raw[:500]
+    bodies = [(status, json_answer(status, headers, body)) for status, headers, body in got]
+    if req.want is not None:
+        assert bodies == req.want
+    assert not any("Traceback" in x or " 500 " in x for x in logs), logs[-5:]
 
 
 if __name__ == "__main__":

@@ -232,3 +232,210 @@ def test_avoid_blocks_every_subword_nmt_spelling():
     d.add_symbol(".")
     (graph,) = TermMaker(MosesWords(), d).make(None, ["ab."], None, False, "s").avoid
     assert {tuple(d.string(ids)) for ids in spellings(graph)} == {("ab", "."), ("a@@", "b", ".")}
+
+
+# --- property tests (Hypothesis) ---
+# A --constraints line is its source, then its tab-separated phrases, each field as written (an
+# empty one too: refused later as an empty constraint naming the line) and the line's end (LF,
+# CRLF, CRs) part of none. `nmtkit generate`'s input with --constraints, --avoid and --prefix, of
+# any lines (tabs, empty fields, only tabs, CR, any character, bytes that are not UTF-8, files of
+# unequal length), gives each sentence the phrases of its own lines (what `Translator.terms`
+# makes of them), or stops at the first bad line with one line naming file:line.
+
+import dataclasses  # noqa: E402
+import re  # noqa: E402
+
+from hypothesis import event, example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.generation.inputs import InputSpec, term_items  # noqa: E402
+from nmtkit.generation.terms import split_line  # noqa: E402
+from tests.test_generate import DE, EN  # noqa: E402
+
+# a field of a line: any character but the tab and the newline, the tricky ones often
+FIELD_CHARS = st.one_of(st.characters(exclude_categories=["Cs"], exclude_characters="\t\n"),
+                        st.sampled_from("\r\x00\ufeff\u2028\x85\x0b\x1c é€😀"))
+FIELD = st.text(FIELD_CHARS, max_size=8)
+ENDS = st.sampled_from(["", "\n", "\r\n", "\r", "\r\r\n"])
+
+
+def _ends_clean(text: str) -> bool:
+    return not text.endswith("\r")  # a CR at the very end is the line's end (CRLF), not text
+
+
+@pytest.mark.fuzz
+@given(fields=st.lists(FIELD, min_size=1, max_size=5).filter(lambda f: _ends_clean(f[-1])), end=ENDS)
+@example(fields=["", "", ""], end="\r\n")  # only tabs: an empty source and two empty phrases
+def test_split_line_gives_the_source_then_every_tab_separated_field(fields, end):
+    assert split_line("\t".join(fields) + end) == (fields[0], fields[1:])
+
+
+@pytest.mark.fuzz
+@given(line=st.text(st.one_of(st.characters(exclude_categories=["Cs"]), st.sampled_from("\t\r\n")), max_size=16))
+def test_split_line_of_any_text_splits_at_the_tabs_only(line):
+    source, phrases = split_line(line)
+    assert "\t".join([source, *phrases]) == line.rstrip("\r\n") and not any("\t" in f for f in [source, *phrases])
+
+
+SOURCE = st.one_of(st.lists(st.sampled_from(DE), max_size=3).map(" ".join), FIELD)
+WORDS = st.lists(st.sampled_from(EN), min_size=1, max_size=2).map(" ".join)
+PHRASE = st.one_of(WORDS, WORDS, WORDS, st.sampled_from(["", " "]), FIELD)  # mostly phrases the model can spell
+NOT_UTF8 = st.sampled_from([b"\xff", b"\x80", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"])
+
+
+@dataclasses.dataclass
+class TermFile:
+    """One file of lines (their text, each ending clean), written with `end` after each line
+    (none after the last unless `final`) and with `bad` bytes inserted into one line."""
+
+    lines: list[str]
+    end: str = "\n"
+    final: bool = True
+    bad: tuple[int, int, bytes] | None = None  # (line, byte offset, bytes that are not UTF-8)
+
+    def data(self) -> bytes:
+        raw = [s.encode("utf-8") for s in self.lines]
+        if self.bad is not None:
+            i, at, b = self.bad
+            raw[i] = raw[i][:at] + b + raw[i][at:]
+        end = self.end.encode()
+        return end.join(raw) + (end if raw and self.final else b"")
+
+    def error(self, name: str) -> tuple[int, str] | None:
+        """(0-based line, read_lines' message) of the bad line, or None."""
+        if self.bad is None:
+            return None
+        i = self.bad[0]
+        raw = self.data().split(self.end.encode())[i]
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return i, f"{name}:{i + 1}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+        return None  # the bytes completed a character: not bad after all
+
+
+@st.composite
+def term_files(draw, line: st.SearchStrategy, n: int | None = None) -> TermFile:
+    lines = draw(st.lists(line.filter(_ends_clean), min_size=n or 0, max_size=n if n is not None else 4))
+    f = TermFile(lines, draw(st.sampled_from(["\n", "\r\n"])), draw(st.booleans()) or not lines or lines[-1] == "")
+    if lines and draw(st.integers(0, 7)) == 0:
+        i = draw(st.integers(0, len(lines) - 1))
+        f.bad = (i, draw(st.integers(0, len(lines[i].encode()))), draw(NOT_UTF8))
+    return f
+
+
+@st.composite
+def term_inputs(draw) -> tuple[TermFile, str | None, TermFile | None, TermFile | None]:
+    """(input, --constraints, --avoid file, --prefix file): the input's lines a source and its
+    phrases, tab-separated; a glossary of phrases, blank lines and whitespace; prefixes, one per
+    input line, or one more or fewer."""
+    constraints = draw(st.sampled_from([None, "unordered", "ordered"]))
+    line = st.tuples(SOURCE, st.lists(PHRASE, max_size=3)).map(lambda t: "\t".join([t[0], *t[1]]))
+    source = draw(term_files(line))
+    avoid = draw(st.none() | term_files(st.one_of(PHRASE, st.sampled_from(["", "  ", "\t"]))))
+    n = len(source.lines) + draw(st.sampled_from([0, 0, 0, -1, 1]))
+    prefix = draw(st.none() | term_files(st.one_of(PHRASE, st.just("")), max(0, n)))
+    return source, constraints, avoid, prefix
+
+
+def expected_items(tr, files: dict, spec: InputSpec) -> tuple[list, str | None]:
+    """What term_items must give of `files` ({"in": TermFile, "avoid": ..., "prefix": ...}):
+    (source, terms) per sentence, then the message that stops it (or None). Each sentence's
+    phrases are those of its lines, checked by `Translator.terms` itself."""
+    out: list = []
+    glossary = None
+    if spec.avoid:
+        bad = files["avoid"].error(spec.avoid)
+        if bad is not None:
+            return out, bad[1]
+        glossary = [s.strip() for s in files["avoid"].lines if s.strip()]
+        if not glossary:
+            return out, f"--avoid {spec.avoid}: no phrase in the file (one phrase per line)"
+    src, pre = files["in"], files.get("prefix")
+    bad_src = src.error(spec.text)
+    bad_pre = pre.error(spec.prefix) if pre is not None else None
+    for i, line in enumerate(src.lines):
+        if bad_src and bad_src[0] == i:
+            return out, bad_src[1]
+        fields = line.split("\t") if spec.constraints else [line]
+        prefix = None
+        if pre is not None:
+            if bad_pre and bad_pre[0] == i:
+                return out, bad_pre[1]
+            if i >= len(pre.lines):
+                return out, f"--prefix {spec.prefix} has {i} lines but --input {spec.text} has more"
+            prefix = pre.lines[i]
+        try:
+            terms = tr.terms(fields[1:] or None, glossary, prefix, spec.constraints == "ordered",
+                             f"{spec.text}:{i + 1}")
+        except UserError as e:
+            return out, str(e)
+        out.append((fields[0], terms))
+    if pre is not None and len(pre.lines) > len(src.lines):
+        bad = bad_pre and bad_pre[0] == len(src.lines)  # the line after the input's end is read, once
+        return out, bad_pre[1] if bad else f"--prefix {spec.prefix} has more lines than --input {spec.text}"
+    return out, None
+
+
+@pytest.fixture(scope="module")
+def terms_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz_terms")
+
+
+@pytest.mark.fuzz
+@given(case=term_inputs())
+@example(case=(TermFile(["der Hund\t\tdog", "\t\t", "Kind\tred\r\x00"], "\r\n"), "unordered",
+               TermFile(["", " cat\t", "\u2028"]), TermFile(["the", "", "a"], final=False)))
+def test_generate_terms_files_give_each_line_its_phrases_or_one_line_naming_file_and_line(tr, terms_dir, case):
+    source, constraints, avoid, prefix = case
+    files = {"in": source, "avoid": avoid, "prefix": prefix}
+    paths = {}
+    for name, f in files.items():
+        if f is not None:
+            paths[name] = terms_dir / f"{name}.txt"
+            paths[name].write_bytes(f.data())
+    spec = InputSpec(text=str(paths["in"]), split=None, data_dir=None, constraints=constraints,
+                     avoid=str(paths["avoid"]) if "avoid" in paths else None,
+                     prefix=str(paths["prefix"]) if "prefix" in paths else None)
+    want, error = expected_items(tr, files, spec)
+    got = []
+    try:
+        for it in term_items(spec, tr, tr.truncations(spec.line_name, spec.name)):
+            got.append((it.text, it.terms))
+    except UserError as e:
+        msg = str(e)
+        event("refused: " + re.sub(r"^\S*:\d+: ", "FILE:LINE: ", msg.replace(str(terms_dir), ""))[:40])
+        assert msg == error and "\n" not in msg and "\r" not in msg, (msg, error)
+        assert any(msg.startswith(f"{p}:") or f" {p}" in msg for p in map(str, paths.values())), msg  # names its file
+    else:
+        event(f"{len(got)} sentences")
+        assert error is None, error
+    assert got == want
+
+
+class CountingDictionary:
+    """A Dictionary's symbols and lookups, counting the lookups."""
+
+    def __init__(self, d):
+        self.d, self.symbols, self.unk, self.lookups = d, d.symbols, d.unk, 0
+
+    def index(self, sym: str) -> int:
+        self.lookups += 1
+        return self.d.index(sym)
+
+
+@pytest.mark.fuzz
+@given(words=st.lists(st.one_of(st.sampled_from(EN), FIELD.filter(str.strip)), min_size=1, max_size=6))
+@example(words=["street"] * 500)  # 3,000 characters: 7 s of lookups before (cubic), on the server's event loop too
+def test_an_avoided_phrase_has_every_spelling_in_lookups_linear_in_its_length(tr, words):
+    from nmtkit.generation.terms import TermMaker, _on_paths
+
+    phrase = " ".join(words)
+    d = CountingDictionary(tr.tgt_dict)
+    terms = TermMaker(tr.tgt_subword, d).make(None, [phrase], None, False, "s")
+    w = "".join(tr.tgt_subword.encode(phrase))  # sentencepiece: the pieces joined, word starts marked
+    assert d.lookups <= len(w) * max(map(len, tr.tgt_dict.symbols))
+    if len(w) < 200:  # the graph of every piece spelling any part of it (cubic: short phrases only)
+        every = [(i, j, v) for i in range(len(w)) for j in range(i + 1, len(w) + 1)
+                 if (v := tr.tgt_dict.index(w[i:j])) > tr.tgt_dict.unk]
+        assert (terms.avoid[0] if terms else None) == _on_paths(every, len(w))

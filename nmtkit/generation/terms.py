@@ -29,6 +29,7 @@ class TermMaker:
     def __init__(self, subword, dictionary):
         self.subword, self.dict = subword, dictionary
         self._cache: dict[str, Avoided | None] = {}  # avoided phrase -> its spellings (a glossary repeats)
+        self._longest = max(map(len, dictionary.symbols), default=0)  # no piece spells more characters
 
     def make(self, include: Sequence[str] | None, avoid: Sequence[str] | None, prefix: str | None,
              ordered: bool, where: str) -> Terms | None:
@@ -83,7 +84,7 @@ class TermMaker:
         edges, offset = [], 0
         for w in words:
             for i in range(len(w)):
-                for j in range(i + 1, len(w) + 1):
+                for j in range(i + 1, min(i + self._longest, len(w)) + 1):  # linear in the phrase, not cubic
                     sym = w[i:j] if kind == "sentencepiece" or j == len(w) else w[i:j] + BPE_SEPARATOR
                     v = self.dict.index(sym)
                     if v > self.dict.unk:  # in the dictionary, not a special symbol

@@ -125,6 +125,8 @@ def _terms(obj: dict, n: int) -> dict | None:
             if not ok:
                 want = "null or a string" if name == "prefix" else "null or a list of strings"
                 raise RequestError(400, f'"{name}"[{i}] must be {want}, got {json.dumps(x)[:40]}')
+            for j, phrase in enumerate([] if x is None else [x] if name == "prefix" else x):
+                _check_string(f'"{name}"[{i}]' + ("" if name == "prefix" else f"[{j}]"), phrase)
         terms[name] = v
     ordered = obj.get("ordered", False)
     if not isinstance(ordered, bool):
@@ -312,7 +314,7 @@ async def _read_body(request, limit: int, timeout: float) -> bytes:
     from starlette.requests import ClientDisconnect
 
     size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limit:
+    if size is not None and size.isascii() and size.isdigit() and int(size) > limit:  # "²" is a digit too
         raise RequestError(413, f"the request body has {size} bytes; at most {limit}")
 
     async def read() -> bytes:
@@ -382,6 +384,8 @@ def build_app(state: ServerState, lifespan=None):
     ] + ([Route("/", _home, methods=["GET"])] if state.ui else [])
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error, Exception: _server_error})
+    # "/translate/" is another path (404 and its JSON sentence), not a redirect with an empty body
+    app.router.redirect_slashes = False
     return RequestLog(app, state.log)
 
 

@@ -25,6 +25,8 @@ of them open until the process ran out of file descriptors, and then nobody was 
   still answers a new client. If it fails all the same (descriptors used elsewhere), it is one
   log line per 10 s and another try every second, where asyncio logged a traceback for every
   connection waiting, thousands of times a second.
+- **what is not HTTP/1.1** (h11 refuses its request line, a header or a chunk): 400 with a JSON
+  body like every other error (uvicorn's is plain text), then closed.
 - **shutdown** (`shutdown()`, called by uvicorn on SIGTERM): a connection without a request,
   or one whose body is still arriving, is closed at once; a request already received is answered,
   then its connection closed. `drop()` ends one that the shutdown cannot wait for.
@@ -149,6 +151,15 @@ class Protocol(H11Protocol):
         super().on_response_complete()
         self._follow()
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that h11 refuses (a malformed request line, header or
+        chunk; headers too large): a JSON error like every other answer, where uvicorn's is plain
+        text without a length; nothing when an answer is already under way. Then closed."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            self.transport.write(_answer(400, "Bad Request", "the request is not valid HTTP/1.1 (its request line, "
+                                         "headers or chunked body)"))
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
@@ -186,7 +197,8 @@ class Protocol(H11Protocol):
             return
         self._timer = self.loop.call_later(seconds, self._expired)
         if what == "headers":
-            self._partial = False
+            # bytes already there (sent after the previous request, pipelined) are part of these headers
+            self._partial = bool(self.conn.trailing_data[0])
             self.guard.waiting[self] = None
 
     def _expired(self) -> None:
