@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
@@ -52,7 +53,9 @@ def read_json(path: Path) -> object:
     """The JSON value in file `path` (UTF-8); UserError naming the file when it is not JSON."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # ValueError: besides bad UTF-8 and bad JSON, an integer of more digits than Python converts;
+    # RecursionError: arrays or objects nested deeper than Python's stack
+    except (ValueError, RecursionError) as e:
         raise UserError(f"{path}: not valid JSON: {e}") from None
 
 
@@ -72,11 +75,14 @@ def _open_binary(path: str | os.PathLike) -> IO[bytes]:
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (plain, .gz, or '-' for stdin) without line ends.
 
-    Invalid UTF-8 raises UserError naming the file and 1-based line number. A trailing
-    carriage return is removed so that CRLF files read like LF files.
+    Lines end at b"\\n" only; one trailing carriage return is removed so that CRLF files read
+    like LF files; every other character (a lone "\\r", NUL, a BOM) is kept. Invalid UTF-8 raises
+    UserError naming the file and 1-based line number, and so does an unreadable, corrupt or
+    truncated file (the line being read when it failed), after the lines before it.
     """
     name = "<stdin>" if str(path) == "-" else str(path)
     fh = _open_binary(path)
+    lineno = 0
     try:
         for lineno, raw in enumerate(fh, start=1):
             try:
@@ -90,10 +96,11 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
             if line.endswith("\r"):
                 line = line[:-1]
             yield line
-    except (gzip.BadGzipFile, EOFError, OSError) as e:
+    except (gzip.BadGzipFile, EOFError, OSError, zlib.error) as e:
         if isinstance(e, UserError):
             raise
-        raise UserError(f"{name}: cannot read: {e}") from None
+        # lineno: the lines read whole; the failure is in the next one
+        raise UserError(f"{name}:{lineno + 1}: cannot read: {e}") from None
     finally:
         if fh is not sys.stdin.buffer:
             fh.close()

@@ -77,13 +77,23 @@ def _observe(obs, thread_id=None) -> None:  # all_threads callbacks also get the
         s["slowest_s"], s["input"] = took, obs.representation
 
 
-if os.environ.get("HYPOTHESIS_PROFILE") == "fuzz":
+def _watch_examples() -> None:
+    """Register `_observe` once per process: this file is imported again as tests.conftest by
+    test modules that import from it, and each copy would count every example again."""
+    import hypothesis
+
+    if getattr(hypothesis, "_nmtkit_fuzz_stats", False):
+        return
     try:
         from hypothesis.internal.observability import add_observability_callback
     except ImportError:  # an older Hypothesis: the run still fuzzes, without the table
-        pass
-    else:
-        add_observability_callback(_observe, all_threads=True)
+        return
+    add_observability_callback(_observe, all_threads=True)
+    hypothesis._nmtkit_fuzz_stats = True
+
+
+if os.environ.get("HYPOTHESIS_PROFILE") == "fuzz":
+    _watch_examples()
 
 
 def pytest_terminal_summary(terminalreporter):

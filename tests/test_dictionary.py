@@ -217,3 +217,138 @@ def test_load_dictionaries_checks_the_second_file_of_a_joined_pair(tmp_path):
     p.write_bytes(bytes(b))
     with pytest.raises(UserError, match=r"dict\.en\.txt: checksum mismatch with manifest\.json"):
         load_dictionaries(data)
+
+
+# --- property tests (Hypothesis) ---
+# Dictionary.load reads any file: what it accepts is what `_reference` (a regular expression per
+# line) accepts, token for token; what it refuses is refused with one line naming file:line (or
+# the byte offset of invalid UTF-8). save -> load gives the same dictionary and the same bytes.
+
+import re  # noqa: E402
+import sys  # noqa: E402
+
+from hypothesis import example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.data.dictionary import SPECIALS  # noqa: E402
+
+# tokens: any character but the line end (surrogates cannot be written as UTF-8), the tricky ones often
+_CHARS = st.one_of(st.characters(exclude_categories=["Cs"], exclude_characters="\n"),
+                   st.sampled_from(" \r\t\x00\ufeff\u2028\x85▁@²٣<>/"))
+_TOKEN = st.text(_CHARS, min_size=1, max_size=8).filter(lambda t: t not in SPECIALS)
+_COUNT = st.one_of(st.integers(0, 1000), st.integers(0, 10**40))
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz_dictionary")
+
+
+@pytest.mark.fuzz
+@given(entries=st.lists(st.tuples(_TOKEN, _COUNT), max_size=20, unique_by=lambda e: e[0]))
+@example(entries=[("a b", 3), (" ", 0), ("x\r", 1), ("\ufeffy", 10**30), ("madeupword0000", 0)])
+def test_save_load_round_trip_of_any_tokens(fuzz_dir, entries):
+    d = Dictionary()
+    for tok, c in entries:
+        d.add_symbol(tok, c)
+    p = fuzz_dir / "round.txt"
+    sha = d.save(p)
+    back = Dictionary.load(p)
+    assert back == d and back.symbols[4:] == [t for t, _ in entries]
+    assert back.to_text() == p.read_bytes().decode("utf-8") == d.to_text()
+    assert sha == back.sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+_LINE = re.compile(r"(.+) ([0-9]+)", re.DOTALL)
+
+
+def _reference(text: str) -> tuple[list[tuple[str, int]], int | None]:
+    """(the entries a file holds, then the 1-based line of the first refused line, or None)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    entries: list[tuple[str, int]] = []
+    for i, line in enumerate(lines, start=1):
+        m = _LINE.fullmatch(line[:-1] if line.endswith("\r") else line)
+        if m is None or len(m[2]) > sys.get_int_max_str_digits() or m[1] in SPECIALS \
+                or m[1] in (t for t, _ in entries):
+            return entries, i
+        entries.append((m[1], int(m[2])))
+    return entries, None
+
+
+# one line of a dictionary file: valid, or mutated (no count, a bad count, empty, a special symbol...)
+_BAD_COUNT = st.sampled_from(["", "-1", "+1", "x", "1.5", "1_000", "²", "٣", "３", "0x10", "9" * 5000, " 3", "3 "])
+_FILE_LINE = st.one_of(
+    st.builds(lambda t, c: f"{t} {c}", _TOKEN, _COUNT),
+    st.builds(lambda t, c: f"{t} {c}", _TOKEN, _BAD_COUNT),
+    st.builds(lambda t, c: f"{t} {c}", st.sampled_from([*SPECIALS, "", "a", "a "]), _COUNT),
+    st.sampled_from(["", "\r", "a", " ", "a\t3", "a 007", "a 3\r", "\ufeffa 3"]),
+    _TOKEN,
+)
+
+
+@pytest.mark.fuzz
+@given(lines=st.lists(_FILE_LINE, max_size=12), eol=st.sampled_from(["\n", "\r\n"]), final=st.booleans())
+@example(lines=["a ²"], eol="\n", final=True)  # str.isdigit accepts it, int() refused: a traceback
+@example(lines=["a " + "9" * 5000], eol="\n", final=True)  # more digits than int() converts: a traceback
+@example(lines=["a 3", "a 1"], eol="\n", final=False)
+@example(lines=["a 3", "\r"], eol="\n", final=False)  # a last line of a lone CR was read as no line
+def test_load_accepts_exactly_token_count_lines(fuzz_dir, lines, eol, final):
+    text = eol.join(lines) + (eol if final and lines else "")
+    p = fuzz_dir / "dict.xx.txt"
+    p.write_text(text, encoding="utf-8", newline="")
+    entries, bad = _reference(text)
+    try:
+        d = Dictionary.load(p)
+    except UserError as e:
+        msg = str(e)
+        assert bad is not None and msg.startswith(f"{p}:{bad}: ") and "\n" not in msg and "\r" not in msg, msg
+        return
+    assert bad is None and list(zip(d.symbols[4:], d.counts[4:])) == entries
+    q = fuzz_dir / "again.txt"
+    d.save(q)
+    assert Dictionary.load(q) == d  # what was read can be written back
+
+
+@pytest.mark.fuzz
+@given(data=st.one_of(st.binary(max_size=40),
+                      st.lists(st.one_of(st.sampled_from([b"a 1\n", b"\xff", b"\xc3", b"\xed\xa0\x80", b" ", b"\n"]),
+                                         _FILE_LINE.map(lambda s: s.encode("utf-8"))), max_size=8).map(b"".join)))
+def test_load_of_any_bytes_is_a_dictionary_or_one_line(fuzz_dir, data):
+    p = fuzz_dir / "bytes.txt"
+    p.write_bytes(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        with pytest.raises(UserError) as err:
+            Dictionary.load(p)
+        assert str(err.value) == f"{p}: invalid UTF-8 at byte {e.start}"
+        return
+    entries, bad = _reference(text)
+    try:
+        d = Dictionary.load(p)
+    except UserError as e:
+        assert bad is not None and str(e).startswith(f"{p}:{bad}: ") and "\n" not in str(e)
+        return
+    assert bad is None and list(zip(d.symbols[4:], d.counts[4:])) == entries
+
+
+def test_load_refuses_counts_that_int_cannot_read(tmp_path):
+    """"²" passed str.isdigit and int() raised ValueError (a traceback); so did a count of more
+    digits than Python converts; "٣" (Arabic-Indic three) was read as 3, which `save` writes back
+    as other bytes than the file's."""
+    p = tmp_path / "dict.txt"
+    for count in ("²", "9" * 5000, "٣"):
+        p.write_text(f"a 1\nb {count}\n", encoding="utf-8")
+        with pytest.raises(UserError) as e:
+            Dictionary.load(p)
+        assert str(e.value) == f"{p}:2: malformed dictionary line {('b ' + count)[:60]!r} (expected 'token count')"
+
+
+def test_load_of_a_path_the_system_cannot_stat_is_one_line(tmp_path):
+    """A name longer than the file system's (ENAMETOOLONG from is_file()) was a traceback."""
+    p = tmp_path / ("x" * 300)
+    with pytest.raises(UserError) as e:
+        Dictionary.load(p)
+    assert str(e.value) == f"{p}: cannot read the dictionary: File name too long"

@@ -849,3 +849,148 @@ def test_a_failed_rename_puts_the_earlier_export_back(tmp_path, monkeypatch):
         (tmp / "model.bin").write_bytes(b"x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and (out / "nmtkit.json").read_text() == "{}"
 
+
+
+# --- property tests (Hypothesis) ---
+# An export's nmtkit.json written by hand and mutated (keys missing, values of the wrong type,
+# extra keys, file names that leave the directory, huge numbers, text that is not JSON): read_info,
+# describe, check_files and the readers of the copied data files either work or refuse with one
+# line naming the directory's description or the file at fault; never a traceback, never a file
+# outside the directory read.
+
+import copy  # noqa: E402
+import hashlib  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.backends.directory import INFO_NAME, check_files, read_info  # noqa: E402
+from nmtkit.data.dictionary import Dictionary  # noqa: E402
+from nmtkit.data.manifest import _VERIFIED, is_file_name  # noqa: E402
+from tests.json_mutations import mutate  # noqa: E402
+
+_CODES = "#version: 0.2\ns t</w>\ne st</w>\nl o\n"
+_EXPORT_FILES = {
+    "model.bin": b"\x00" * 16, "config.json": b"{}", "bpe.codes": _CODES.encode(),
+    "dict.de.txt": Dictionary.from_counts({"hund": 3, "katze": 2}).to_text().encode(),
+    "dict.en.txt": Dictionary.from_counts({"dog": 3, "low": 1}).to_text().encode(),
+}
+_INFO = {
+    "format": "nmtkit-export", "format_version": 1, "nmtkit_version": "0.1.0",
+    "runtime": {"name": "ctranslate2", "quantization": "none", "files": ["config.json", "model.bin"]},
+    "arch": "transformer", "arch_config": {}, "source_lang": "de", "target_lang": "en", "task": "translation",
+    "checkpoint": {"file": "m.pt", "sha256": "0" * 64, "ema": False, "update": 1},
+    "data": {"source_lang": "de", "target_lang": "en",
+             "subword": {"kind": "subword-nmt", "kinds": {"de": "subword-nmt", "en": "subword-nmt"}, "joint": True,
+                         "files": {"de": "bpe.codes", "en": "bpe.codes"}},
+             "dictionaries": {"joined": False, "de": {"file": "dict.de.txt", "size": 6},
+                              "en": {"file": "dict.en.txt", "size": 6}},
+             "files": {n: hashlib.sha256(_EXPORT_FILES[n]).hexdigest() for n in ("bpe.codes", "dict.de.txt", "dict.en.txt")},
+             "fingerprint": None},
+}
+# refusals of what the description holds rather than of how it is written, in words of their own
+_SEMANTIC = ("language ", "unknown subword model kind ")
+
+
+def _write_export(root: Path, text: str) -> Path:
+    shutil.rmtree(root, ignore_errors=True)
+    d = root / "exported"
+    d.mkdir(parents=True)
+    for name, b in _EXPORT_FILES.items():
+        (d / name).write_bytes(b)
+    (root / "outside.txt").write_bytes(b"not the export's\n")
+    (d / INFO_NAME).write_text(text, encoding="utf-8")
+    return d
+
+
+def _use_export(d: Path) -> None:
+    """read_info, describe, and what generate reads through the ModelSource: each works or
+    refuses with one line."""
+    from nmtkit.backends.registry import describe
+
+    def one_line(e: UserError) -> None:
+        msg = str(e)
+        assert "\n" not in msg and msg and (str(d) in msg or msg.startswith(_SEMANTIC)), msg
+
+    try:
+        read_info(d)
+        source = describe([str(d)], None)
+        source.check()
+    except UserError as e:
+        one_line(e)
+        return
+    data = source.info["data"]
+    assert all(is_file_name(n) for n in [*data["files"], *source.info["runtime"].get("files", [])])
+    for read in (source.dictionaries, lambda: source.subword_model("de").encode("lowest"),
+                 lambda: source.subword_model("en")):
+        try:
+            read()
+        except UserError as e:
+            one_line(e)
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz_export")
+
+
+def test_the_hand_made_export_directory_reads(fuzz_root):
+    """The property tests' starting point is a good export directory: every reader works on it."""
+    from nmtkit.backends.registry import describe
+
+    d = _write_export(fuzz_root, json.dumps(_INFO))
+    source = describe([str(d)], None)
+    source.check()
+    src, tgt = source.dictionaries()
+    assert "hund" in src and "dog" in tgt and source.subword_model("en").encode("lowest") == ["lo@@", "w@@", "est"]
+
+
+@pytest.mark.fuzz
+@given(data=st.data())
+def test_any_mutation_of_nmtkit_json_is_read_or_refused_in_one_line(fuzz_root, data):
+    d = _write_export(fuzz_root, json.dumps(mutate(data, _INFO)))
+    _VERIFIED.clear()  # each example as a new process
+    _use_export(d)
+
+
+@pytest.mark.fuzz
+@given(text=st.one_of(
+    st.sampled_from(["", "{", "[]", "null", "1", "9" * 5000, "[" * 5000, json.dumps(_INFO)[:-1],
+                     json.dumps(_INFO).replace('"format_version": 1', '"format_version": ' + "9" * 5000),
+                     json.dumps(_INFO).replace('"format_version": 1', '"format_version": 1e999')]),
+    st.text(max_size=30)))
+def test_nmtkit_json_that_is_not_json_is_refused_in_one_line(fuzz_root, text):
+    d = _write_export(fuzz_root, text)
+    _VERIFIED.clear()
+    _use_export(d)
+
+
+@pytest.mark.parametrize("where, value, message", [
+    (("runtime", "name"), ["ctranslate2"], "runtime.name must be the name of a runtime, got ['ctranslate2']"),
+    (("runtime", "files"), ["../outside.txt"], "runtime.files must be a list of file names in the directory, "
+                                               "got ['../outside.txt']"),
+    (("runtime", "files"), 3, "runtime.files must be a list of file names in the directory, got 3"),
+    (("data", "files"), {"../outside.txt": "0" * 64}, "data.files must be keyed by file names in the directory, "
+                                                      "got '../outside.txt'"),
+    (("data", "dictionaries", "de", "file"), "/etc/hostname", "data.dictionaries.de.file must be a file name in "
+                                                              "the directory, got '/etc/hostname'"),
+    (("data", "subword"), None, "incomplete export description (no 'data.subword')"),
+    # longer than any file name: OSError (ENAMETOOLONG) from the dictionary's is_file()
+    (("data", "dictionaries", "de", "file"), "x" * 300, "data.dictionaries.de.file must be a file name in the "
+                                                        "directory, got '" + "x" * 56 + "..."),
+    (("data", "files", "bpe.codes"), {"sha": 1}, "data.files['bpe.codes'] must be a sha256 (hex), got {'sha': 1}"),
+])
+def test_nmtkit_json_entries_of_the_wrong_type_or_outside_the_directory_are_named(fuzz_root, where, value, message):
+    """Before: TypeError tracebacks (an unhashable runtime name in the registry, a sha256 as a key
+    of the checked files, a number as the runtime's files) and files outside the directory read."""
+    from nmtkit.backends.registry import describe
+
+    info = copy.deepcopy(_INFO)
+    parent = info
+    for k in where[:-1]:
+        parent = parent[k]
+    parent[where[-1]] = value
+    d = _write_export(fuzz_root, json.dumps(info))
+    with pytest.raises(UserError) as e:
+        check_files(d, read_info(d)) if where[1] != "name" else describe([str(d)], None)
+    assert str(e.value) == f"{d / INFO_NAME}: {message}"

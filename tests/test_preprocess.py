@@ -804,3 +804,234 @@ def test_installed_data_directories_get_the_usual_permissions(tmp_path):
     os.umask(mask)
     assert stat.S_IMODE(dest.stat().st_mode) == 0o777 & ~mask
     assert stat.S_IMODE((dest / Path(name).name).stat().st_mode) == 0o666 & ~mask
+
+
+# --- property tests (Hypothesis) ---
+# manifest.json and the record of checked files (VERIFIED_NAME), written by hand and then mutated:
+# keys missing, values of the wrong type, extra keys, file names that leave the directory, huge
+# numbers, text that is not JSON. Every reader (load_manifest, load_dictionaries,
+# subword_model_path, load_subword_model, verify_files) either does its work or refuses with one
+# line naming the manifest or the file at fault; never a traceback, and never a file outside the
+# directory read or recorded.
+
+import copy  # noqa: E402
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+
+from hypothesis import example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.data import manifest as M  # noqa: E402
+from tests.json_mutations import WEIRD_VALUES, mutate  # noqa: E402
+
+_CODES = "#version: 0.2\ns t</w>\ne st</w>\nl o\n"
+_OUTSIDE = "outside.txt"  # a file beside the data directory, which no manifest may reach ("../outside.txt")
+
+
+def _hand_made_files() -> dict[str, bytes]:
+    de, en = Dictionary.from_counts({"hund": 3, "katze": 2}), Dictionary.from_counts({"dog": 3, "cat": 2, "low": 1})
+    return {"dict.de.txt": de.to_text().encode(), "dict.en.txt": en.to_text().encode(),
+            "bpe.codes": _CODES.encode(), "train.de.000.bin": b"\x01\x02\x03\x04"}
+
+
+_FILES = _hand_made_files()
+_MANIFEST = {
+    "format": "nmtkit-data", "format_version": 1, "complete": True, "source_lang": "de", "target_lang": "en",
+    "subword": {"kind": "subword-nmt", "kinds": {"de": "subword-nmt", "en": "none"}, "joint": False,
+                "files": {"de": "bpe.codes", "en": None}},
+    "dictionaries": {"joined": False, "de": {"file": "dict.de.txt", "size": 6}, "en": {"file": "dict.en.txt", "size": 7}},
+    "splits": {},
+    "files": {n: hashlib.sha256(b).hexdigest() for n, b in _FILES.items()},
+}
+
+
+def _write_data_dir(root: Path, manifest_text: str) -> Path:
+    shutil.rmtree(root, ignore_errors=True)
+    d = root / "bin"
+    d.mkdir(parents=True)
+    for name, b in _FILES.items():
+        (d / name).write_bytes(b)
+    (root / _OUTSIDE).write_bytes(b"not the data directory's\n")
+    (d / "manifest.json").write_text(manifest_text, encoding="utf-8")
+    return d
+
+
+# refusals of what the manifest holds rather than of how it is written, in words of their own
+_SEMANTIC = ("language ", "unknown subword model kind ")
+
+
+def _one_line_naming(e: UserError, *names) -> None:
+    msg = str(e)
+    assert "\n" not in msg and "\r" not in msg and msg, repr(msg)
+    assert any(str(n) in msg for n in names) or msg.startswith(_SEMANTIC), msg
+
+
+def _read_everything(d: Path) -> None:
+    """Every reader of the data directory, each either working or refusing with one line."""
+    from nmtkit.data.manifest import load_dictionaries, subword_model_path, verify_files
+
+    try:
+        m = load_manifest(d)
+    except UserError as e:
+        _one_line_naming(e, d)
+        return
+    assert all(M.is_file_name(n) for n in m["files"])
+    for read in (lambda: load_dictionaries(d, m), lambda: verify_files(d, m),
+                 lambda: subword_model_path(d, "de", m), lambda: subword_model_path(d, "en", m),
+                 lambda: load_subword_model(d, "de", m).encode("lowest"), lambda: load_subword_model(d, "en", m)):
+        try:
+            got = read()
+        except UserError as e:
+            _one_line_naming(e, d)
+            continue
+        if isinstance(got, Path):
+            assert got.parent == d, got
+    rec = d / M.VERIFIED_NAME
+    if rec.exists():  # what verify_files recorded: the directory's own files only
+        assert all(M.is_file_name(n) and (d / n).is_file() for n in json.loads(rec.read_text()))
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz_manifest")
+
+
+@pytest.mark.fuzz
+@given(data=st.data())
+def test_any_mutation_of_a_manifest_is_read_or_refused_in_one_line(fuzz_root, data):
+    """(Regressions found here have tests of their own below.)"""
+    doc = mutate(data, _MANIFEST)
+    d = _write_data_dir(fuzz_root, json.dumps(doc))
+    M._VERIFIED.clear()  # each example as a new process
+    _read_everything(d)
+
+
+@pytest.mark.fuzz
+@given(text=st.one_of(
+    st.sampled_from(["", "{", "[]", "null", "1", '"x"', "9" * 5000, "[" * 5000, "{\"format\": " * 3000,
+                     json.dumps(_MANIFEST)[:-1], json.dumps(_MANIFEST) + "x",
+                     json.dumps(_MANIFEST).replace('"format_version": 1', '"format_version": ' + "9" * 5000)]),
+    st.text(max_size=30)))
+def test_a_manifest_that_is_not_json_is_refused_in_one_line(fuzz_root, text):
+    d = _write_data_dir(fuzz_root, text)
+    M._VERIFIED.clear()
+    _read_everything(d)
+
+
+def test_the_hand_made_data_directory_reads(fuzz_root):
+    """The property tests' starting point is a good data directory: every reader works on it."""
+    from nmtkit.data.manifest import load_dictionaries, subword_model_path, verify_files
+
+    d = _write_data_dir(fuzz_root, json.dumps(_MANIFEST))
+    m = load_manifest(d)
+    verify_files(d, m)
+    src, tgt = load_dictionaries(d, m)
+    assert "hund" in src and "dog" in tgt
+    assert subword_model_path(d, "de", m) == d / "bpe.codes" and subword_model_path(d, "en", m) is None
+    assert load_subword_model(d, "de", m).encode("lowest") == ["lo@@", "w@@", "est"]
+
+
+@pytest.mark.parametrize("where, value, message", [
+    (("files",), {"../outside.txt": "0" * 64}, "files must be keyed by file names in the directory, got '../outside.txt'"),
+    (("files",), {"/etc/hostname": "0" * 64}, "files must be keyed by file names in the directory, got '/etc/hostname'"),
+    (("files", "dict.de.txt"), ["0" * 64], "files['dict.de.txt'] must be a sha256 (hex), got ['000"),
+    (("dictionaries", "de", "file"), "../outside.txt", "dictionaries.de.file must be a file name in the directory, "
+                                                       "got '../outside.txt'"),
+    (("dictionaries", "en"), None, "dictionaries.en must be an object with the dictionary's file, got None"),
+    (("subword", "files", "de"), "/etc/hostname", "subword.files.de must be a file name in the directory or null, "
+                                                  "got '/etc/hostname'"),
+    (("subword", "files"), ["bpe.codes"], "subword.files must be an object of languages and file names, got ['bpe.codes']"),
+    (("subword", "kinds"), "none", "subword.kinds must be an object of languages and kinds, got 'none'"),
+    (("subword", "kind"), None, "subword.kind must be a subword model kind, got None"),
+    (("source_lang",), ["de"], "source_lang must be a language name, got ['de']"),
+    # names with a line break: messages that name them ran over two lines
+    (("source_lang",), "\n", "source_lang must be a language name, got '\\n'"),
+    (("subword", "files", "de"), "\n", "subword.files.de must be a file name in the directory or null, got '\\n'"),
+    (("files",), {"a\u2028b": "0" * 64}, "files must be keyed by file names in the directory, got 'a\\u2028b'"),
+    (("files",), {"é" * 128: "0" * 64}, "files must be keyed by file names in the directory, got '" + "é" * 56 + "..."),
+    (("files",), None, "files must be an object of file names and sha256s, got None"),
+])
+def test_manifest_entries_of_the_wrong_type_or_outside_the_directory_are_named(fuzz_root, where, value, message):
+    """Before: a KeyError or TypeError traceback at the first reader of the entry, or, for a name
+    leaving the directory, a file outside it read, hashed and recorded."""
+    doc = copy.deepcopy(_MANIFEST)
+    parent = doc
+    for k in where[:-1]:
+        parent = parent[k]
+    parent[where[-1]] = value
+    d = _write_data_dir(fuzz_root, json.dumps(doc))
+    with pytest.raises(UserError) as e:
+        load_manifest(d)
+    assert str(e.value).startswith(f"{d / 'manifest.json'}: {message}"), str(e.value)
+
+
+def test_manifest_without_dictionaries_or_subword_entries_names_what_is_missing(fuzz_root):
+    """A hand-made manifest may lack these sections (load_split needs neither); their readers said
+    KeyError."""
+    from nmtkit.data.manifest import dictionary_path, subword_model_path
+
+    doc = {k: v for k, v in _MANIFEST.items() if k not in ("dictionaries", "subword")}
+    d = _write_data_dir(fuzz_root, json.dumps(doc))
+    for read, key in ((lambda: dictionary_path(d, "de"), "dictionaries"), (lambda: subword_model_path(d, "de"), "subword"),
+                      (lambda: load_subword_model(d, "en"), "subword")):
+        with pytest.raises(UserError) as e:
+            read()
+        assert str(e.value) == f"{d / 'manifest.json'}: no {key!r} entry; rerun nmtkit preprocess"
+
+
+# the record of checked files: name -> [size, mtime_ns, inode, sha256], as written or mutated
+_RECORD_ENTRY = st.one_of(
+    st.just("real"),  # the file's true entry (it is trusted when not racy)
+    st.lists(st.one_of(st.integers(), st.text(max_size=4), st.none(), st.booleans(), st.floats()), max_size=5),
+    WEIRD_VALUES,
+)
+
+
+@pytest.mark.fuzz
+@given(entries=st.dictionaries(st.sampled_from([*_FILES, "../" + _OUTSIDE, "", "x"]), _RECORD_ENTRY, max_size=5),
+       raw=st.sampled_from([None, "", "[]", "{", "9" * 5000, "[" * 5000, '{"a": ' * 500 + "1" + "}" * 500]),
+       racy=st.booleans(), corrupt=st.booleans())
+@example(entries={}, raw="[" * 5000, racy=False, corrupt=False)  # RecursionError: a traceback before
+def test_any_record_of_checked_files_never_hides_a_corrupt_file(fuzz_root, entries, raw, racy, corrupt):
+    """Whatever the record holds, verify_files trusts exactly its entries that are a file's true
+    [size, mtime_ns, inode, sha256] and older than the record by RACY_NS; every other file is
+    hashed, so a corrupt one is named."""
+    from nmtkit.data.manifest import verify_files
+
+    d = _write_data_dir(fuzz_root, json.dumps(_MANIFEST))
+    old = 1_000_000_000
+    shard = d / "train.de.000.bin"
+    if corrupt:
+        shard.write_bytes(b"\x09" + _FILES[shard.name][1:])  # same size
+    for name in _FILES:
+        os.utime(d / name, ns=(old, old))
+    rec = {}
+    for name, v in entries.items():
+        rec[name] = [*M._stat(d / name), _MANIFEST["files"][name]] if v == "real" and name in _FILES else v
+    rec_path = d / M.VERIFIED_NAME
+    rec_path.write_text(raw if raw is not None else json.dumps(rec), encoding="utf-8")
+    os.utime(rec_path, ns=((old + M.RACY_NS // 2,) * 2) if racy else (old + 2 * M.RACY_NS,) * 2)
+    trusted = raw is None and not racy and entries.get(shard.name) == "real"
+    M._VERIFIED.clear()
+    if corrupt and not trusted:
+        with pytest.raises(UserError) as e:
+            verify_files(d, load_manifest(d))
+        assert str(e.value) == f"{shard}: checksum mismatch with manifest.json (corrupt or modified file)"
+    else:
+        verify_files(d, load_manifest(d))
+    if not corrupt or trusted:  # verified: the record now trusts the files as they are, and no other
+        after = json.loads(rec_path.read_text(encoding="utf-8"))
+        assert all(after[n] == [*M._stat(d / n), _MANIFEST["files"][n]] for n in _FILES)
+
+
+def test_a_subword_kind_without_its_file_is_named(fuzz_root):
+    """"kinds" deleted from a manifest whose target side has no model file: the target's kind
+    is then "subword-nmt", and load_subword_model raised TypeError (open(None))."""
+    doc = copy.deepcopy(_MANIFEST)
+    del doc["subword"]["kinds"]
+    d = _write_data_dir(fuzz_root, json.dumps(doc))
+    assert load_subword_model(d, "de").encode("low") == ["lo@@", "w"]
+    with pytest.raises(UserError) as e:
+        load_subword_model(d, "en")
+    assert str(e.value) == f"{d}: its manifest gives 'en' a subword-nmt model but no file (subword.files.en)"

@@ -349,3 +349,94 @@ def test_moses_before_sentencepiece_gives_the_same_pieces_by_ids_and_by_strings(
     assert by_ids == [known(moses.encode(x)) for x in lines]
     assert by_ids == [known(inner.encode("Pipisu &amp; texuxu , supira .")), known(inner.encode("rate @-@ mo su tesu !"))]
     assert by_ids[0] != known(inner.encode(lines[0]))
+
+
+# --- property tests (Hypothesis) ---
+# The subword-nmt codes reader (SubwordNmtModel): any file is either codes that segment every
+# line (and decode back to it) or refused with one line naming the file (and the line, for a
+# line that is not a pair). What it accepts is `_codes_reference`'s (subword-nmt's own rules:
+# an optional "#version: X.Y" first line, then one "A B" pair per line; the file read as UTF-8
+# text, so "\r" and "\r\n" end lines too).
+
+import re  # noqa: E402
+
+from hypothesis import example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_UNIT = st.builds(lambda s, end: s + end, st.text("abcé", min_size=1, max_size=3), st.sampled_from(["", "</w>"]))
+_VERSION = st.sampled_from(["#version: 0.2", "#version: 0.1", "#version: 0.2.0", "#version: 1.0", "#version: 0.3",
+                            "#version: zz", "#version:", "#version: 0.٢", "#version: " + "9" * 5000, "#version 0.2",
+                            "\ufeff#version: 0.2", ""])
+_CODE_LINE = st.one_of(
+    st.builds(lambda a, b: f"{a} {b}", _UNIT, _UNIT),
+    st.builds(lambda a, b, pad: f"{pad}{a} {b}{pad}", _UNIT, _UNIT, st.sampled_from([" ", "\r", "  "])),
+    st.sampled_from(["", "a", "a b c", "a  b", "a\tb", "a\x0bb", "a\u2028 b", "\x00 a", "@@ a", "</w> a", " "]),
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=6),
+)
+
+
+def _codes_reference(data: bytes) -> str | None:
+    """None for codes subword-nmt applies, else what the refusal must start with ("" for any: a
+    file that is not UTF-8 fails where the decoder meets the bad bytes, maybe after the version)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    first = 1
+    if lines[0].startswith("#version:"):
+        try:
+            version = tuple(int(x) for x in re.sub(r"(\.0+)*$", "", lines[0].split()[-1]).split("."))
+        except ValueError:
+            return ""
+        first = 2
+        lines = lines[1:]
+    else:
+        version = (0, 1)
+    body = "\n".join(lines).rstrip("\n").split("\n")
+    for i, item in enumerate(body):
+        if len(item.strip("\r\n ").split(" ")) != 2:
+            return f"invalid line {i + first} in BPE codes file:"
+    return None if version in ((0, 1), (0, 2)) else "version "
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz_subwords")
+
+
+@pytest.mark.fuzz
+@given(version=_VERSION, lines=st.lists(_CODE_LINE, max_size=8), eol=st.sampled_from(["\n", "\r\n", "\r"]),
+       damage=st.sampled_from([b"", b"\xff", b"\xc3", b"\xed\xa0\x80"]), words=st.lists(st.text("abcé", min_size=1,
+                                                                                             max_size=6), max_size=4))
+@example(version="#version: 1.0", lines=["a b"], eol="\n", damage=b"", words=["ab"])  # NotImplementedError before
+@example(version="#version: 0.2", lines=["a b", "x"], eol="\n", damage=b"", words=[])
+def test_codes_file_is_codes_that_segment_or_one_line(fuzz_dir, version, lines, eol, damage, words):
+    data = (eol.join(([version] if version else []) + lines) + eol).encode("utf-8") + damage
+    p = fuzz_dir / "bpe.codes"
+    p.write_bytes(data)
+    want = _codes_reference(data)
+    try:
+        m = SubwordNmtModel(p)
+    except UserError as e:
+        msg = str(e)
+        assert want is not None and msg.startswith(f"{p}: cannot load subword-nmt codes: {want}"), (msg, want)
+        assert "\n" not in msg and "\r" not in msg
+        return
+    assert want is None
+    line = " ".join(words)
+    tokens = m.encode(line)
+    assert all(tokens) and m.decode(tokens) == line  # every word segmented, and joined back
+
+
+def test_codes_of_a_version_subword_nmt_does_not_apply_are_refused(tmp_path):
+    """"#version: 1.0" loaded, then the first word longer than one character raised
+    NotImplementedError (a traceback) from subword-nmt's encode."""
+    p = tmp_path / "bpe.codes"
+    for version, shown in [("1.0", "1"), ("0.3", "0.3"), ("2.1.0", "2.1")]:
+        p.write_text(f"#version: {version}\na b\n", encoding="utf-8")
+        with pytest.raises(UserError) as e:
+            SubwordNmtModel(p)
+        assert str(e.value) == f"{p}: cannot load subword-nmt codes: version {shown} (subword-nmt applies versions 0.1 and 0.2)"
+    p.write_text("#version: 0.2.0\na b</w>\n", encoding="utf-8")  # trailing zeros are subword-nmt's 0.2
+    assert SubwordNmtModel(p).encode("ab") == ["ab"]

@@ -65,6 +65,9 @@ def read_info(path: str | os.PathLike) -> dict:
     for key in ("runtime", "arch_config", "data"):
         if not isinstance(info.get(key), dict):
             raise UserError(f"{p}: incomplete export description (no {key!r})")
+    name = info["runtime"].get("name")
+    if not isinstance(name, str):  # the format the registry looks up
+        raise UserError(f"{p}: runtime.name must be the name of a runtime, got {repr(name)[:60]}")
     return info
 
 
@@ -72,13 +75,22 @@ def check_files(path: str | os.PathLike, info: dict) -> None:
     """The directory's files against its description `info` (`read_info`): the runtime's
     present, every copied data file checked against its sha256. UserError (one line naming the
     file) for a damaged directory."""
-    from nmtkit.data.manifest import verify_files
+    from nmtkit.data.manifest import check_entries, is_file_name, verify_files
 
     d = Path(path)
-    for name in info["runtime"].get("files", []):
+    names = info["runtime"].get("files", [])
+    if not isinstance(names, list) or not all(is_file_name(n) for n in names):  # none outside the directory
+        raise UserError(f"{d / INFO_NAME}: runtime.files must be a list of file names in the directory, "
+                        f"got {repr(names)[:60]}")
+    for name in names:
         if not (d / name).is_file():
             raise UserError(f"{d / name}: missing (listed in {INFO_NAME}); export the model again")
-    verify_files(d, info["data"])
+    data = info["data"]
+    for key in ("dictionaries", "subword", "files"):
+        if not isinstance(data.get(key), dict):
+            raise UserError(f"{d / INFO_NAME}: incomplete export description (no 'data.{key}')")
+    check_entries(data, str(d / INFO_NAME), "data.")
+    verify_files(d, data)
 
 
 def data_files(manifest: dict) -> list[str]:

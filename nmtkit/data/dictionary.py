@@ -149,25 +149,41 @@ class Dictionary:
     def load(cls, path: str | os.PathLike) -> "Dictionary":
         """Read a `token count` file; a malformed line is a UserError naming file:line."""
         path = Path(path)
-        if not path.is_file():
-            raise UserError(f"dictionary not found: {path}")
         try:
+            if not path.is_file():
+                raise UserError(f"dictionary not found: {path}")
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
             raise UserError(f"{path}: invalid UTF-8 at byte {e.start}") from None
+        except OSError as e:  # a name too long, a folder without permission: is_file() raises those
+            raise UserError(f"{path}: cannot read the dictionary: {e.strerror or e}") from None
         d = cls()
-        for lineno, line in enumerate(text.split("\n"), start=1):
+        lines = text.split("\n")
+        if not lines[-1]:
+            lines.pop()  # the empty string after the final newline
+        for lineno, line in enumerate(lines, start=1):
             if line.endswith("\r"):
                 line = line[:-1]
             if not line:
-                if lineno == text.count("\n") + 1:  # the empty string after the final newline
-                    continue
                 raise UserError(f"{path}:{lineno}: empty line in dictionary (expected 'token count')")
             tok, sep, cnt = line.rpartition(" ")
-            if not sep or not tok or not cnt.isdigit():
+            count = _count(cnt)
+            if not sep or not tok or count is None:
                 raise UserError(f"{path}:{lineno}: malformed dictionary line {line[:60]!r} (expected 'token count')")
             if tok in d._index:
                 what = "special symbol" if tok in SPECIALS else "duplicate token"
                 raise UserError(f"{path}:{lineno}: {what} {tok!r} (specials are implied, not listed)")
-            d.add_symbol(tok, int(cnt))
+            d.add_symbol(tok, count)
         return d
+
+
+def _count(text: str) -> int | None:
+    """The count of a dictionary line, or None unless it is ASCII digits that Python converts
+    (str.isdigit alone accepts "²", which int() refuses, and "٣", which `save` would not write
+    back; int() refuses more digits than sys.get_int_max_str_digits())."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None

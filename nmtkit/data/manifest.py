@@ -12,6 +12,8 @@ Entry points for other modules:
     subword_model_path(data_dir, lang)     -> Path of the model file, or None for `--bpe none`
     verify_files(data_dir)                 -> check the sha256 of every file (UserError naming it),
                                               once per file and process
+    check_entries(manifest, where)         -> the types of the entries above (load_manifest calls it;
+                                              an export's nmtkit.json has a copy of them)
 Every reader checks what it reads: load_dictionaries, nmtkit.data.shards.load_split and
 nmtkit.data.subwords.load_subword_model verify their files against the manifest.
 
@@ -33,6 +35,7 @@ from nmtkit.errors import UserError
 from nmtkit.io import read_json
 
 FORMAT_VERSION = 1
+NAME_MAX_BYTES = 255  # the longest file name of the usual file systems (ext4, xfs, btrfs, APFS, NTFS)
 
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
@@ -56,7 +59,68 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
         )
     if m.get("complete") is not True:
         raise UserError(f"{p}: the directory is marked incomplete; rerun nmtkit preprocess")
+    check_entries(m, str(p))
     return m
+
+
+def check_entries(m: dict, where: str, prefix: str = "") -> None:
+    """UserError (one line naming `where` and the entry) unless the entries this module's readers
+    use have their types: the two languages, `files` (file name -> sha256) and, where present,
+    `dictionaries` and `subword`. Every file they name must be a plain name in the directory, so
+    that no manifest makes nmtkit read (or record) a file outside it. `prefix`: where the entries
+    sit in `where` ("data." in an export's nmtkit.json)."""
+    for key in ("source_lang", "target_lang"):  # file names and messages hold them: printable, no space
+        lang = m.get(key)
+        _require(isinstance(lang, str) and lang.isprintable() and lang != "" and not any(c in lang for c in " /\\"),
+                 where, prefix + key, "a language name", lang)
+    files = m.get("files")
+    _require(isinstance(files, dict), where, prefix + "files", "an object of file names and sha256s", files)
+    for name, sha in files.items():
+        _require(is_file_name(name), where, prefix + "files", "keyed by file names in the directory", name)
+        _require(isinstance(sha, str), where, f"{prefix}files[{name[:60]!r}]", "a sha256 (hex)", sha)
+    langs = (m["source_lang"], m["target_lang"])
+    if "dictionaries" in m:
+        _check_dictionaries(m["dictionaries"], langs, where, prefix + "dictionaries")
+    if "subword" in m:
+        _check_subword(m["subword"], langs, where, prefix + "subword")
+
+
+def _check_dictionaries(entry: object, langs: tuple[str, str], where: str, field: str) -> None:
+    _require(isinstance(entry, dict), where, field, "an object", entry)
+    for lang in langs:
+        d = entry.get(lang)
+        _require(isinstance(d, dict), where, f"{field}.{lang}", "an object with the dictionary's file", d)
+        _require(is_file_name(d.get("file")), where, f"{field}.{lang}.file", "a file name in the directory",
+                 d.get("file"))
+
+
+def _check_subword(entry: object, langs: tuple[str, str], where: str, field: str) -> None:
+    _require(isinstance(entry, dict), where, field, "an object", entry)
+    _require(isinstance(entry.get("kind"), str), where, f"{field}.kind", "a subword model kind", entry.get("kind"))
+    kinds = entry.get("kinds", {})
+    _require(isinstance(kinds, dict), where, f"{field}.kinds", "an object of languages and kinds", kinds)
+    files = entry.get("files")
+    _require(isinstance(files, dict), where, f"{field}.files", "an object of languages and file names", files)
+    for lang in langs:
+        _require(isinstance(kinds.get(lang, ""), str), where, f"{field}.kinds.{lang}", "a subword model kind",
+                 kinds.get(lang))
+        _require(files.get(lang) is None or is_file_name(files[lang]), where, f"{field}.files.{lang}",
+                 "a file name in the directory or null", files.get(lang))
+
+
+def is_file_name(value: object) -> bool:
+    """True for a plain file name (a directory's own file): a non-empty string that is no path,
+    printable (messages name it on one line), of at most NAME_MAX_BYTES in UTF-8 (a longer name
+    is no file: stat() fails with ENAMETOOLONG)."""
+    return isinstance(value, str) and value.isprintable() and value not in ("", ".", "..") \
+        and not any(c in value for c in "/\\") and len(value.encode("utf-8", "replace")) <= NAME_MAX_BYTES
+
+
+def _require(ok: bool, where: str, field: str, what: str, value: object) -> None:
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise UserError(f"{where}: {field} must be {what}, got {shown}")
 
 
 def _manifest(data_dir: str | os.PathLike, manifest: dict | None) -> dict:
@@ -69,10 +133,17 @@ def _check_lang(manifest: dict, lang: str) -> None:
         raise UserError(f"language {lang!r} is not in this data directory (it has {langs[0]} and {langs[1]})")
 
 
+def _section(data_dir: str | os.PathLike, m: dict, key: str) -> dict:
+    """m[key], which a hand-made manifest may lack (`check_entries` checked it where present)."""
+    if key not in m:
+        raise UserError(f"{Path(data_dir) / MANIFEST_NAME}: no {key!r} entry; rerun nmtkit preprocess")
+    return m[key]
+
+
 def dictionary_path(data_dir: str | os.PathLike, lang: str, manifest: dict | None = None) -> Path:
     m = _manifest(data_dir, manifest)
     _check_lang(m, lang)
-    return Path(data_dir) / m["dictionaries"][lang]["file"]
+    return Path(data_dir) / _section(data_dir, m, "dictionaries")[lang]["file"]
 
 
 def load_dictionaries(data_dir: str | os.PathLike, manifest: dict | None = None):
@@ -104,7 +175,7 @@ def subword_model_path(data_dir: str | os.PathLike, lang: str, manifest: dict | 
     """Path of the subword model applied to `lang`, or None when the data used `--bpe none`."""
     m = _manifest(data_dir, manifest)
     _check_lang(m, lang)
-    name = m["subword"]["files"].get(lang)
+    name = _section(data_dir, m, "subword")["files"].get(lang)
     return None if name is None else Path(data_dir) / name
 
 
@@ -138,7 +209,7 @@ def _read_record(data_dir: Path) -> tuple[dict, int]:
     try:
         written = p.stat().st_mtime_ns
         rec = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON, or a huge integer
         return {}, 0
     return (rec, written) if isinstance(rec, dict) else ({}, 0)
 

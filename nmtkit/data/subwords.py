@@ -106,6 +106,12 @@ class SubwordNmtModel(SubwordModel):
             why = err.getvalue().strip().splitlines()
             why = why[0].removeprefix("Error: ").strip() if why else "subword-nmt refused them"
             raise UserError(f"{codes_file or '<codes>'}: cannot load subword-nmt codes: {why}") from None
+        # apply_bpe reads any "#version: X.Y" but segments only these two (NotImplementedError at
+        # the first word otherwise): refused here, where the file is named
+        if self.bpe.version not in ((0, 1), (0, 2)):
+            version = ".".join(map(str, self.bpe.version))[:40]
+            raise UserError(f"{codes_file or '<codes>'}: cannot load subword-nmt codes: version {version} "
+                            "(subword-nmt applies versions 0.1 and 0.2)")
 
     def encode(self, line: str) -> list[str]:
         return self.bpe.segment_tokens(line.split())
@@ -252,11 +258,13 @@ def load_subword_model(data_dir: str | os.PathLike, lang: str, manifest: dict | 
     from nmtkit.data.manifest import load_manifest, subword_model_path, verify_files
 
     manifest = load_manifest(data_dir) if manifest is None else manifest
+    path = subword_model_path(data_dir, lang, manifest)  # first: it names a missing "subword" entry
     sub = manifest["subword"]
     # "kinds" (per language) exists since a side may have no subword model (parsing's trees);
     # older data directories have one kind for both sides.
     kind = sub.get("kinds", {}).get(lang, sub["kind"])
-    path = subword_model_path(data_dir, lang, manifest)
+    if path is None and kind in ("sentencepiece", "subword-nmt"):
+        raise UserError(f"{data_dir}: its manifest gives {lang!r} a {kind} model but no file (subword.files.{lang})")
     if path is not None:
         verify_files(data_dir, manifest, [path.name])
     return pretokenized(load_model_file(kind, path), sub, lang)
