@@ -309,3 +309,34 @@ def test_load_split_takes_a_manifest_already_read(tmp_path):
     assert [x.tolist() for x in ds] == corpus["train"]["en"]
     with pytest.raises(UserError, match="is not a complete nmtkit data directory"):
         load_split(d, "train", "en")  # without it, the directory's own (gone) is read
+
+
+def test_sizes_between_equals_a_slice_of_sizes_for_every_range(tmp_path):
+    """Every range, across the shard boundaries, empty, reversed and beyond either end: the lengths
+    read from the index files are the slice of `sizes` (brute force over all ranges)."""
+    d, corpus = _data_dir(tmp_path)
+    ds = load_split(d, "train", "de")
+    assert len(ds.shards) == 2  # guard: a boundary to cross
+    sizes = np.array([len(s) for s in corpus["train"]["de"]], np.int64)
+    for start in range(-2, len(sizes) + 2):
+        for stop in range(-2, len(sizes) + 3):
+            got = ds.sizes_between(start, stop)
+            assert got.dtype == np.int64
+            assert got.tolist() == sizes[max(start, 0):max(stop, 0)].tolist(), (start, stop)
+    # larger shards, read from inside: every range of every shard, and across all of them
+    sents = [[7] * n for n in (3, 0, 5, 1, 2, 9, 4, 0, 6, 2, 8)]
+    w = ShardSetWriter(tmp_path, "big", "de", np.dtype("<u2"), shard_size=4)
+    w.add(*_flat(sents))
+    infos = w.close()
+    shards = [IndexedShard(tmp_path / i.bin, tmp_path / i.idx, i.dtype) for i in infos]
+    assert [len(s) for s in shards] == [4, 4, 3]
+    for k, shard in enumerate(shards):
+        mine = [len(x) for x in sents[4 * k:4 * k + len(shard)]]
+        for start in range(len(shard) + 1):
+            for stop in range(start, len(shard) + 1):
+                assert shard.sizes_between(start, stop).tolist() == mine[start:stop], (k, start, stop)
+    big = ShardedDataset(shards)
+    lengths = [len(x) for x in sents]
+    for start in range(len(sents) + 1):
+        for stop in range(len(sents) + 2):
+            assert big.sizes_between(start, stop).tolist() == lengths[start:stop], (start, stop)
