@@ -334,7 +334,8 @@ def test_sizes_between_equals_a_slice_of_sizes_for_every_range(tmp_path):
         mine = [len(x) for x in sents[4 * k:4 * k + len(shard)]]
         for start in range(len(shard) + 1):
             for stop in range(start, len(shard) + 1):
-                assert shard.sizes_between(start, stop).tolist() == mine[start:stop], (k, start, stop)
+                got = shard.sizes_between(start, stop)
+                assert got.dtype == np.int64 and got.tolist() == mine[start:stop], (k, start, stop)
     big = ShardedDataset(shards)
     lengths = [len(x) for x in sents]
     for start in range(len(sents) + 1):
