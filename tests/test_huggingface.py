@@ -501,3 +501,288 @@ def test_a_config_without_a_decoder_start_id_starts_from_pad(tmp_path):
     want = vocabulary_order(vocab, {**base, "decoder_start_token_id": 4}, where, source=False)
     assert vocabulary_order(vocab, base, where, source=False) == want
     assert vocabulary_order(vocab, {**base, "decoder_start_token_id": None}, where, source=False) == want
+
+
+# --- property tests (Hypothesis) ---
+# `nmtkit import-hf` reads files anyone can write. A MarianMT folder whose config.json (or
+# tokenizer_config.json) has fields of the wrong type, missing, huge or negative, or is no JSON
+# at all, and one whose model.safetensors has a mutated header (a length beyond the file,
+# overlapping or outside data_offsets, unknown dtypes, shapes whose product overflows, non-JSON,
+# duplicate keys): reading and converting it (all the import does before it writes) succeeds, or
+# refuses in one line naming the file, before any large allocation.
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+import struct  # noqa: E402
+
+from hypothesis import event, example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.errors import UserError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fuzz_folder(marian, tmp_path_factory):
+    """A copy of the tiny MarianMT folder for the properties to damage (each example restores it)."""
+    root = tmp_path_factory.mktemp("hf_fuzz")
+    shutil.copytree(marian["dir"], root / "opus")
+    return root
+
+
+def _one_line(msg: str, root: Path) -> str:
+    assert len(msg.splitlines()) == 1, msg
+    assert str(root / "opus") in msg or "--" in msg, msg
+    return msg
+
+
+def _read_or_refuse(root: Path) -> str:
+    """Read and convert root/opus as import-hf does before it writes anything: 'read', or the
+    refusal's message (one line naming a file of the folder or a flag)."""
+    from nmtkit.backends.huggingface.importer import ImportOptions, convert, read_folder
+
+    try:
+        convert(read_folder(ImportOptions(hf_dir=str(root / "opus"), output=str(root / "m.pt"),
+                                          data_dir=str(root / "data"))))
+    except UserError as e:
+        return _one_line(str(e), root)
+    return "read"
+
+
+def _import_or_refuse(root: Path) -> str:
+    """The whole import-hf of root/opus: 'imported', or the refusal's message (one line), with no
+    output left behind."""
+    from nmtkit.backends.huggingface.importer import ImportOptions, import_hf
+
+    out, data = root / "m.pt", root / "data"
+    try:
+        import_hf(ImportOptions(hf_dir=str(root / "opus"), output=str(out), data_dir=str(data)))
+    except UserError as e:
+        assert not out.exists() and not data.exists(), str(e)
+        return _one_line(str(e), root)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+        out.unlink(missing_ok=True)
+    return "imported"
+
+
+def _outcome(msg: str, root: Path) -> str:
+    """The kind of outcome, for --hypothesis-show-statistics."""
+    return msg if msg in ("read", "imported") else "refused: " + msg.replace(str(root / "opus"), "").split(" (")[0][:70]
+
+
+# ---- config.json and tokenizer_config.json ----
+
+_ODD = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 70), st.text(max_size=6),
+    st.sampled_from([0, -1, -(2**31), 2**31, 2**40, 2**63, 10**30, 1.5, -0.0, 1e308, float("inf"), float("nan"),
+                     "32", "gelu", "relu", "swish", "marian", "de", "en", "", [], {}, [1], {"a": 1}]),
+    st.lists(st.integers(-2, 2), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+_CONFIG_KEYS = [
+    "model_type", "vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers",
+    "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
+    "max_position_embeddings", "pad_token_id", "eos_token_id", "decoder_start_token_id", "dropout",
+    "attention_dropout", "activation_dropout", "scale_embedding", "share_encoder_decoder_embeddings",
+    "tie_word_embeddings", "normalize_before", "normalize_embedding", "add_final_layer_norm",
+    "static_position_embeddings", "encoder_normalize_before", "an_unknown_key",
+]
+_TOKENIZER_KEYS = ["separate_vocabs", "source_lang", "target_lang", "an_unknown_key"]
+_DELETE = object()
+
+
+def _edited(doc: dict, edits: dict) -> dict:
+    out = dict(doc)
+    for k, v in edits.items():
+        if v is _DELETE:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+@st.composite
+def json_documents(draw, original: bytes, keys: list[str]) -> bytes:
+    """`original` (a JSON object) with fields changed or removed, or broken as a document: cut
+    short, not UTF-8, another JSON type, a key given twice, deeply nested, a number of 5000 digits."""
+    doc = json.loads(original)
+    kind = draw(st.sampled_from(["fields"] * 6 + ["cut", "bytes", "type", "twice", "deep", "digits"]))
+    if kind == "fields":
+        edits = draw(st.dictionaries(st.sampled_from(keys), st.one_of(st.just(_DELETE), _ODD), min_size=1, max_size=3))
+        return json.dumps(_edited(doc, edits)).encode()
+    if kind == "cut":
+        return original[: draw(st.integers(0, len(original) - 1))]
+    if kind == "bytes":
+        at = draw(st.integers(0, len(original)))
+        odd = draw(st.sampled_from([b"\xff", b"\xc3", b"\x00", b"\xef\xbb\xbf", b"\xed\xa0\x80"]))
+        return original[:at] + odd + original[at:]
+    if kind == "type":
+        return json.dumps(draw(st.one_of(_ODD, st.lists(st.just(doc), max_size=2)))).encode()
+    if kind == "twice":  # json keeps the last of a key given twice
+        key, value = draw(st.sampled_from(keys)), draw(_ODD)
+        return original.rstrip()[:-1] + f', "{key}": {json.dumps(value)}}}'.encode()
+    if kind == "deep":
+        key, depth = draw(st.sampled_from(keys)), draw(st.sampled_from([10, 1000, 100_000]))
+        nested = "[" * depth + "]" * depth
+        return json.dumps(_edited(doc, {key: 0})).replace(f'"{key}": 0', f'"{key}": {nested}').encode()
+    key = draw(st.sampled_from(keys))
+    return json.dumps(_edited(doc, {key: 0})).replace(f'"{key}": 0', f'"{key}": ' + "7" * 5000).encode()
+
+
+def _restoring(path: Path, data: bytes):
+    """Write `data` to `path` for one example; the original comes back when the block ends."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def block():
+        original = path.read_bytes()
+        path.write_bytes(data)
+        try:
+            yield
+        finally:
+            path.write_bytes(original)
+    return block()
+
+
+@pytest.mark.fuzz
+@given(data=st.data(), name=st.sampled_from(["config.json", "config.json", "tokenizer_config.json"]))
+def test_any_config_is_imported_or_refused_in_one_line(fuzz_folder, data, name):
+    path = fuzz_folder / "opus" / name
+    doc = data.draw(json_documents(path.read_bytes(), _CONFIG_KEYS if name == "config.json" else _TOKENIZER_KEYS))
+    with _restoring(path, doc):
+        event(_outcome(_read_or_refuse(fuzz_folder), fuzz_folder))
+
+
+# ---- model.safetensors: its header mutated ----
+
+_DTYPES = ["F16", "BF16", "F64", "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "BOOL", "F8_E4M3",
+           "F8_E5M2", "F4", "C64", "XX", "", "f32", 1, None]
+_SIZES = st.one_of(st.integers(-2, 70),
+                   st.sampled_from([2**31, 2**32, 2**40, 2**62, 2**63 - 1, 2**64, 2**80, 1.5, "3", None]))
+
+
+@st.composite
+def safetensors_files(draw, original: bytes) -> bytes:
+    """`original` with its header changed: one tensor's dtype, shape or data_offsets, a tensor
+    removed or given twice, odd metadata, the header cut, not UTF-8 or not JSON, the length
+    field anything, the data cut or padded."""
+    n = int.from_bytes(original[:8], "little")
+    header, data = json.loads(original[8 : 8 + n]), original[8 + n :]
+    names = sorted(k for k in header if k != "__metadata__")
+    name, entry = draw(st.sampled_from(names)), {}
+    entry = dict(header[name])
+    kind = draw(st.sampled_from(["dtype", "retype", "shape", "offsets", "offsets", "drop", "twice", "rename",
+                                 "metadata", "text", "length", "data"]))
+    text = None
+    if kind == "dtype":
+        entry["dtype"] = draw(st.sampled_from(_DTYPES))
+    elif kind == "retype":  # another dtype, the last dimension scaled so the bytes still fit
+        dtype, scale = draw(st.sampled_from([("F8_E4M3", 4), ("F8_E5M2", 4), ("U8", 4), ("BOOL", 4), ("F16", 2),
+                                             ("BF16", 2), ("I16", 2), ("I32", 1), ("U32", 1)]))
+        entry["dtype"], entry["shape"] = dtype, [*entry["shape"][:-1], entry["shape"][-1] * scale]
+    elif kind == "shape":
+        entry["shape"] = draw(st.one_of(st.lists(_SIZES, max_size=4), st.just([2**32, 2**32, 2**32]), _SIZES))
+    elif kind == "offsets":
+        other = header[draw(st.sampled_from(names))]["data_offsets"]
+        entry["data_offsets"] = draw(st.one_of(
+            st.lists(_SIZES, max_size=3), st.just(list(reversed(entry["data_offsets"]))), st.just(other),
+            st.just([other[0], entry["data_offsets"][1]]), st.just([0, len(data) + 4]), st.just([len(data), 2**64 - 1]),
+        ))
+    elif kind == "drop":
+        entry = None
+    elif kind == "rename":  # a name the model does not have, or one that breaks a line
+        header.pop(name)
+        name = draw(st.one_of(st.sampled_from(["a\nb", "model.encoder.layer_norm.weight\r", "\u2028", ""]),
+                              st.text(max_size=8)))
+    elif kind == "metadata":
+        header["__metadata__"] = draw(st.one_of(_ODD, st.dictionaries(st.text(max_size=3), _ODD, max_size=2)))
+    if entry is None:
+        del header[name]
+    else:
+        header[name] = entry
+    text = json.dumps(header).encode()
+    if kind == "twice":  # the tensor named again at the end, with another entry
+        twin = {**header[name], "data_offsets": header[draw(st.sampled_from(names))]["data_offsets"]}
+        text = text[:-1] + b", " + json.dumps({name: twin})[1:].encode()
+    elif kind == "text":
+        at = draw(st.integers(0, len(text)))
+        text = draw(st.sampled_from([text[:at], text[:at] + b"\xff" + text[at:], b" " * 8 + text, text + b"\x00",
+                                     b"[" * 200_000, b'{"__metadata__": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+                                     b"\xef\xbb\xbf" + text]))
+    length = len(text)
+    if kind == "length":
+        length = draw(st.sampled_from([0, 1, 7, length - 1, length + 1, length + len(data), length + len(data) + 1,
+                                       100_000_000, 100_000_001, 2**40, 2**63, 2**64 - 1]))
+    if kind == "data":
+        data = draw(st.sampled_from([data[:-1], data[: len(data) // 2], b"", data + b"\x00" * 7]))
+    return struct.pack("<Q", length) + text + data
+
+
+@pytest.mark.fuzz
+@given(data=st.data())
+def test_any_safetensors_header_is_imported_or_refused_in_one_line(fuzz_folder, data):
+    path = fuzz_folder / "opus" / "model.safetensors"
+    with _restoring(path, data.draw(safetensors_files(path.read_bytes()))):
+        event(_outcome(_read_or_refuse(fuzz_folder), fuzz_folder))
+
+
+def _config_with(folder: Path, **changes) -> bytes:
+    doc = json.loads((folder / "opus" / "config.json").read_text())
+    return json.dumps({**doc, **changes}).encode()
+
+
+def _weights_with(folder: Path, edit) -> bytes:
+    from safetensors.torch import load_file, save
+
+    sd = load_file(str(folder / "opus" / "model.safetensors"))
+    edit(sd)
+    return save(sd, metadata={"format": "pt"})
+
+
+def _float8(sd: dict) -> None:
+    name = "model.decoder.layers.1.self_attn.q_proj.weight"
+    sd[name] = sd[name].to(torch.float8_e4m3fn)  # the right shape, a dtype the conversion cannot compute with
+
+
+# what the properties found: each was a traceback (or a list of 2**31 entries, 16 GiB), or a
+# message over two lines
+@pytest.mark.parametrize("name, content, message", [
+    ("config.json", lambda f: _config_with(f).replace(b'"d_model": 32', b'"d_model": ' + b"7" * 5000),
+     "config.json: not readable JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+    ("config.json",
+     lambda f: _config_with(f).replace(b'"d_model": 32', b'"d_model": ' + b"[" * 100_000 + b"]" * 100_000),
+     "config.json: not readable JSON (maximum recursion depth exceeded"),
+    ("config.json", lambda f: _config_with(f, activation_function=[]), "activation_function [] is not supported"),
+    ("config.json", lambda f: _config_with(f, decoder_vocab_size="abc"),
+     "config.json: decoder_vocab_size must be a positive integer, got 'abc'"),
+    ("config.json", lambda f: _config_with(f, decoder_vocab_size=[45]),
+     "config.json: decoder_vocab_size must be a positive integer, got [45]"),
+    ("config.json", lambda f: _config_with(f, vocab_size=2**40),
+     "config.json: vocab_size 1099511627776 is larger than every weight matrix of the model (64 rows at most)"),
+    ("config.json", lambda f: _config_with(f, decoder_vocab_size=2**31),
+     "config.json: decoder_vocab_size 2147483648 is larger than every weight matrix of the model (64 rows at most)"),
+    ("config.json", lambda f: _config_with(f, encoder_attention_heads="4\n4"),
+     "config.json: encoder_attention_heads '4\\n4' != decoder_attention_heads 4;"),
+    ("tokenizer_config.json", lambda f: b"[]",
+     "tokenizer_config.json: expected a JSON object of MarianTokenizer's settings"),
+    ("model.safetensors", lambda f: _weights_with(f, _float8), "model.safetensors: weight "
+     "model.decoder.layers.1.self_attn.q_proj.weight is torch.float8_e4m3fn; nmtkit imports float32, float16, "
+     "bfloat16 and float64 weights"),
+    ("model.safetensors", lambda f: _weights_with(f, lambda sd: sd.update({"a\nb": torch.zeros(1)})),
+     "opus: weight 'a\\nb' has no place in nmtkit's post-norm Transformer"),
+    ("config.json", lambda f: _config_with(f, dropout=[]), "config.json: dropout must be a number, got []"),
+])
+def test_what_the_properties_found_is_refused_in_one_line(fuzz_folder, name, content, message):
+    path = fuzz_folder / "opus" / name
+    with _restoring(path, content(fuzz_folder)):
+        assert message in _import_or_refuse(fuzz_folder)
+
+
+def test_a_pytorch_model_bin_that_holds_no_state_dict_is_refused(marian, tmp_path):
+    """torch's weights-only loader gives back any list or dict it finds: a list failed later
+    (AttributeError, a traceback)."""
+    d = tmp_path / "opus"
+    shutil.copytree(marian["dir"], d)
+    (d / "model.safetensors").unlink()
+    for content in ([torch.zeros(1)], {1: torch.zeros(1)}, {"a": 1}):
+        torch.save(content, d / "pytorch_model.bin")
+        assert _import_or_refuse(tmp_path) == f"{d / 'pytorch_model.bin'}: not a state dict (names -> tensors)"

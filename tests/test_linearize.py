@@ -1,8 +1,8 @@
 """Linearized trees: exact round trips, the strict reader, and `repair` of arbitrary model output.
 
 Real-tree checks run on every tree of the Penn Treebank sample in ../shared/data/ptb (skipped when
-absent); repair is checked by hand-worked cases and by seeded random sequences (the `hypothesis`
-library is not installed in the project environment, so the property tests draw their own cases).
+absent); repair is checked by hand-worked cases, by seeded random sequences, and by Hypothesis
+properties over generated trees and tokens (at the end of the file).
 """
 
 from __future__ import annotations
@@ -408,3 +408,104 @@ def test_output_tree_line_repairs_in_the_given_pos_mode():
     # xx: NN is unknown (dropped) and the missing word gets XX; keep: NN is a tag like any other
     assert output_tree_line("(S NN XX )S", "a b", pos="xx") == "(TOP (S (XX a) (XX b)))"
     assert output_tree_line("(S NN XX )S", "a b", pos="keep") == "(TOP (S (NN a) (XX b)))"
+
+
+# --- property tests (Hypothesis) ---
+# Normalized trees over any labels, tags and words the tree reader gives (unicode, NUL, NBSP,
+# -LRB-, lone surrogates): linearize refuses in one line, or its two lines (words, tokens) read
+# back, by delinearize and by repair, to the tree itself (tags masked in xx mode). repair of any
+# tokens gives a well-formed tree over exactly the words.
+
+from hypothesis import event, example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.parsing.linearize import POS_MODES  # noqa: E402
+
+_NOT_IN_WORDS = " \t\n\r\f\v()"  # the tree reader's separators: ASCII whitespace and parentheses
+_TEXT = st.text(st.one_of(st.characters(exclude_characters=_NOT_IN_WORDS), st.characters(categories=["Cs"])),
+                min_size=1, max_size=4)
+_WORD = st.one_of(st.sampled_from(["-LRB-", "-RRB-", "``", "'", ".", ",", "<unk>", "XX", "\x00", "é", "a\xa0b",
+                                   "\u2028", "\x85"]), _TEXT)
+_TAG = st.one_of(st.sampled_from(["NN", "DT", ",", ".", "-LRB-", "PRP$", "XX", "<>", "<x", "<s>", "N\xa0N"]), _TEXT)
+_LABEL = st.one_of(st.sampled_from(["S", "NP", "VP", "SBAR", "X", "<x>", "N\xa0P", "\x85"]), _TEXT)
+def _tree_of(shape: tuple) -> Tree:
+    """(label, [child, ...]) -> Tree, a word staying a string. Trees are drawn as such shapes
+    and built once: Hypothesis prints nested `st.builds` calls in time that grows too fast."""
+    label, kids = shape
+    return Tree(label, [_tree_of(k) if isinstance(k, tuple) else k for k in kids])
+
+
+_PRETERMINAL = st.tuples(_TAG, st.lists(_WORD, min_size=1, max_size=1))
+_CONSTITUENT = st.recursive(_PRETERMINAL, lambda kids: st.tuples(_LABEL, st.lists(kids, min_size=1, max_size=4)),
+                            max_leaves=16)
+_NORMALIZED = st.lists(_CONSTITUENT, min_size=1, max_size=3).map(lambda items: _tree_of(("TOP", items)))
+
+
+def _one_line(e: Exception) -> str:
+    assert len(str(e).splitlines()) == 1, str(e)
+    return str(e)
+
+
+@pytest.mark.fuzz
+@given(t=_NORMALIZED, pos=st.sampled_from(POS_MODES))
+@example(t=T("(TOP (S (NN a\xa0b)))"), pos="keep")  # linearized, then refused by delinearize (a ValueError)
+@example(t=T("(TOP (0\x85 (NN w)))"), pos="keep")  # linearized; its line read back as the label 0
+@example(t=T("(TOP (\x85 (NN w) w))"), pos="keep")  # the label broke the message's line in two
+def test_linearize_then_delinearize_or_repair_gives_the_tree_over_the_same_words(t, pos):
+    try:
+        words, seq = linearize(t, pos)
+    except TreeError as e:
+        _one_line(e)
+        event("refused by linearize")
+        return
+    src, tgt = " ".join(words), " ".join(seq)  # the two lines prepare writes
+    assert src.split() == words == t.leaves() and tgt.split() == seq
+    expect = t if pos == "keep" else mask_tags(t)
+    assert delinearize(tgt, src, pos) == repair(tgt, src, pos) == expect
+    event("round trip")
+
+
+_SEQ_TOKEN = st.one_of(st.sampled_from(_POOL), _TEXT, st.text(max_size=4),
+                       st.builds(lambda b, x: b + x, st.sampled_from(["(", ")"]), _TEXT))
+
+
+@pytest.mark.fuzz
+@given(seq=st.lists(_SEQ_TOKEN, max_size=30), words=st.lists(_WORD, max_size=8), pos=st.sampled_from(POS_MODES))
+def test_repair_of_any_tokens_gives_a_well_formed_tree_over_the_words(seq, words, pos):
+    words = [w for w in words if not any(c.isspace() for c in w)]  # what a line of words can hold
+    t = repair(seq, words, pos)
+    _check_well_formed(t, words)
+    assert repair(" ".join(linearize(t, pos)[1]) if words else "", words, pos) == t  # repair is idempotent
+
+
+@pytest.mark.fuzz
+@given(words=st.lists(_WORD, min_size=1, max_size=4))
+def test_words_a_line_cannot_hold_are_refused_in_one_line(words):
+    if all(w and not any(c.isspace() for c in w) for w in words):
+        assert repair("", words).leaves() == words
+        return
+    with pytest.raises(ValueError) as e:
+        repair("", words)
+    assert "is empty or contains whitespace" in _one_line(e.value)
+
+
+def test_deep_trees_linearize_and_read_back_without_recursion():
+    depth = 10_000
+    t = T("(TOP " + "(S " * depth + "(NN a)" + ")" * depth + ")")
+    words, seq = linearize(t)
+    assert words == ["a"] and len(seq) == 2 * depth + 1
+    assert delinearize(seq, words) == t == repair(seq, words)
+    assert Tree.parse(output_tree_line(seq, words)) == fix_punctuation_tags(t)
+    assert repair(seq[: depth], words).leaves() == ["a"]  # cut off: the word goes where it stopped
+
+
+def test_a_label_or_word_that_a_line_cannot_hold_is_refused_by_linearize():
+    """The tree reader splits at ASCII whitespace only, a line of tokens at every space: a word
+    with a no-break space was linearized, then delinearize raised a ValueError (a traceback); a
+    label ending in NEL was linearized to a line that read back as another label."""
+    assert _err(linearize, T("(TOP (S (NN a\xa0b)))")) == (
+        "word 'a\\xa0b' is empty or holds whitespace; a line of words cannot hold it as one word")
+    assert _err(linearize, T("(TOP (0\x85 (NN w)))")) == "constituent label '0\\x85' cannot be linearized"
+    assert _err(linearize, Tree("TOP", [Tree("S", [Tree("NN", [""])])])) == (
+        "word '' is empty or holds whitespace; a line of words cannot hold it as one word")
+    assert _err(linearize, T("(TOP (\x85 (NN w) w))")) == "constituent label '\\x85' cannot be linearized"

@@ -234,3 +234,238 @@ def test_sample_treebank_documents_and_split(sample_docs, tmp_path):
     # the gold file scores 100 against itself with no warning about root conventions
     r = evaluate(gold, gold)
     assert r.all.f1 == 100.0 and r.all.valid == 118 and not r.warnings
+
+
+# --- property tests (Hypothesis) ---
+# Trees over any labels and words the bracket syntax can hold (unicode, NUL, NBSP, -LRB-, lone
+# surrogates) are written and read back unchanged; any string is read as trees or refused in one
+# line; a treebank file reads the same from a folder, a .zip and as text; write_split writes
+# three files that read back to each other, or refuses in one line and writes nothing; trees
+# 10,000 levels deep are read, written, compared and normalized without recursion.
+
+import dataclasses  # noqa: E402
+
+from hypothesis import event, example, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nmtkit.parsing.linearize import POS_MODES, delinearize, mask_tags  # noqa: E402
+from nmtkit.parsing.trees import TreeError, read_trees  # noqa: E402
+
+_NOT_IN_WORDS = " \t\n\r\f\v()"  # what ends a label or a word: ASCII whitespace and parentheses
+_SPECIAL_WORDS = ["-LRB-", "-RRB-", "-LCB-", "-NONE-", "*T*-1", "0", "``", "''", ".", "<unk>", "TOP", "a\xa0b",
+                  "\xa0", "\x85", "\u2028", "\x1c", "\x00", "\ufeff", "é", "𝔘", "NP-SBJ-1", "=2"]
+
+
+def _word_chars(surrogates: bool):
+    """Characters of labels and words; lone surrogates only where no file is written."""
+    chars = st.characters(codec="utf-8", exclude_characters=_NOT_IN_WORDS)
+    return st.one_of(chars, st.characters(categories=["Cs"])) if surrogates else chars
+
+
+def _words(surrogates: bool = True):
+    return st.one_of(st.sampled_from(_SPECIAL_WORDS), st.text(_word_chars(surrogates), min_size=1, max_size=5))
+
+
+def _tree_of(shape: tuple) -> Tree:
+    """(label, [child, ...]) -> Tree, a word staying a string. Trees are drawn as such shapes
+    and built once: Hypothesis prints nested `st.builds` calls in time that grows too fast."""
+    label, kids = shape
+    return Tree(label, [_tree_of(k) if isinstance(k, tuple) else k for k in kids])
+
+
+def _trees(words, max_leaves: int = 20):
+    """Trees whose nodes have any labels (the empty one too) and any number of children."""
+    labels = st.one_of(st.just(""), words)
+    node = lambda kids: st.tuples(labels, st.lists(kids, max_size=4))  # noqa: E731
+    return node(st.recursive(words, node, max_leaves=max_leaves)).map(_tree_of)
+
+
+def _without_empty_words(t: Tree) -> Tree:
+    return Tree(t.label, [_without_empty_words(c) if isinstance(c, Tree) else c for c in t.children if c != ""])
+
+
+@pytest.mark.fuzz
+@given(t=_trees(_words()))
+@example(t=Tree("", [Tree("-LRB-", ["-LRB-"]), "\xa0", Tree("", [])]))
+def test_a_tree_reads_back_from_its_string(t):
+    text = str(t)
+    assert Tree.parse(text) == t
+    assert repr(Tree.parse(text)) == repr(t)
+
+
+@pytest.mark.fuzz
+@given(t=_trees(st.one_of(_words(), st.just(""))))
+def test_empty_words_are_the_one_thing_a_string_cannot_hold(t):
+    """An empty word is written as nothing, so it reads back as no word; all else is kept."""
+    assert Tree.parse(str(t)) == _without_empty_words(t)
+
+
+def _mutated(text: str, data) -> str:
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(text)))
+        text = text[:at] + data.draw(st.sampled_from(["", "(", ")", " ", "\n", "x", "(S ", "\xa0", "\x00"])) \
+            + text[at + data.draw(st.integers(0, 2)):]
+    return text
+
+
+def _brackety(surrogates: bool = True):
+    return st.text(st.one_of(st.sampled_from(list("()  \t\n\r\x0b\x0c")), _word_chars(surrogates)), max_size=40)
+
+
+@pytest.mark.fuzz
+@given(data=st.data(), kind=st.sampled_from(["tree", "mutated", "brackets", "text"]))
+@example(data=None, kind="(NN a) b")
+def test_any_string_is_read_as_trees_or_refused_in_one_line(data, kind):
+    if data is None:
+        text = kind
+    elif kind in ("tree", "mutated"):
+        text = " ".join(str(t) for t in data.draw(st.lists(_trees(_words(), 8), max_size=3)))
+        text = _mutated(text, data) if kind == "mutated" else text
+    else:
+        text = data.draw(_brackety() if kind == "brackets" else st.text())
+    try:
+        t = Tree.parse(text)
+    except TreeError as e:
+        assert len(str(e).splitlines()) == 1, str(e)
+        event("refused")
+    else:
+        assert Tree.parse(str(t)) == t
+        event("read")
+
+
+_BANNER_LINE = "*x*  Copyright (C) 1990 University of Pennsylvania  *x*"
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz_treebank")
+
+
+def _read(read, path) -> list[Tree] | str:
+    """The trees `read(path)` gives, or its refusal's message (one line naming the file)."""
+    try:
+        return read(path)
+    except UserError as e:
+        assert len(str(e).splitlines()) == 1 and str(path) in str(e), str(e)
+        return "refused"
+
+
+@pytest.mark.fuzz
+@given(data=st.data(), eol=st.sampled_from(["\n", "\r\n", "\r"]))
+@example(data=None, eol="\n")  # NEL in a word: a line break to str.splitlines (the .zip reader), not to files
+def test_a_treebank_reads_the_same_from_a_file_a_zip_and_text(fuzz_dir, data, eol):
+    if data is None:
+        lines = ["( (S (NN a\x85b)", "  (NN c\u2028d)) )"]
+    else:
+        pretty = st.builds(lambda t, n: str(t).replace(" ", "\n  ", n), _trees(_words(False), 8), st.integers(0, 9))
+        lines = data.draw(st.lists(st.one_of(pretty, _brackety(False), st.just(_BANNER_LINE), st.just("")), max_size=4))
+    text = eol.join(lines)
+    mrg = fuzz_dir / "wsj_0001.mrg"
+    mrg.write_bytes(text.encode("utf-8"))
+    zipped = fuzz_dir / "tb.zip"
+    with zipfile.ZipFile(zipped, "w") as zf:
+        zf.writestr("treebank/combined/wsj_0001.mrg", text.encode("utf-8"))
+    from_file = _read(read_documents, mrg)
+    from_zip = _read(read_documents, zipped)
+    from_text = _read(lambda name: [Document(name, 1, parse_treebank_text(text.split("\n"), name))], "text")
+    assert [d.trees for d in from_file] == [d.trees for d in from_zip] == [d.trees for d in from_text] \
+        if from_file != "refused" else from_zip == from_text == "refused"
+    event("read" if from_file != "refused" else "refused")
+
+
+# raw treebank trees: PTB-like labels with function tags, -NONE- elements, words under phrases,
+# empty constituents, and words with unicode spaces (which no line of words can hold as one word)
+_TAGS = st.one_of(st.sampled_from(["NN", "DT", "-NONE-", ",", ".", "-LRB-", "PRP$", "<unk>", "", "N\xa0N"]),
+                  _words(False))
+_LABELS = st.one_of(st.sampled_from(["S", "NP-SBJ-1", "VP", "PP-LOC=2", "", "TOP", "ROOT", "-NONE-", "<x>"]),
+                    _words(False))
+_PRETERMINALS = st.tuples(_TAGS, st.lists(_words(False), min_size=1, max_size=1))
+_RAW_TREES = st.tuples(_LABELS, st.lists(st.recursive(
+    st.one_of(_PRETERMINALS, _PRETERMINALS, _words(False)),
+    lambda kids: st.tuples(_LABELS, st.lists(kids, max_size=3)), max_leaves=12), max_size=3)).map(_tree_of)
+
+
+@pytest.mark.fuzz
+@given(trees=st.lists(_RAW_TREES, max_size=3), pos=st.sampled_from(POS_MODES))
+@example(trees=[Tree.parse("( (S (NN a\xa0b)) )")], pos="keep")  # a ValueError (traceback) from delinearize
+def test_write_split_writes_files_that_read_back_or_refuses_in_one_line(fuzz_dir, trees, pos):
+    prefix = fuzz_dir / "train"
+    paths = split_paths(prefix)
+    for p in paths.values():
+        p.unlink(missing_ok=True)
+    try:
+        stats = write_split(trees, prefix, pos, split="train")
+    except UserError as e:
+        assert len(str(e).splitlines()) == 1 and str(e).startswith("train: tree "), str(e)
+        assert not any(p.exists() for p in paths.values())
+        event("refused")
+        return
+    words, lin, gold = (list(read_lines(paths[k])) for k in ("words", "lin", "gold"))
+    assert len(words) == len(lin) == len(gold) == stats.sentences == len(trees) - stats.dropped_empty
+    for w, s, g in zip(words, lin, gold):
+        tree = Tree.parse(g)
+        assert tree.leaves() == w.split(" ") == w.split()
+        assert delinearize(s, w, pos) == (tree if pos == "keep" else mask_tags(tree))
+    event("written")
+
+
+def test_a_word_with_a_unicode_space_is_refused_by_write_split(tmp_path):
+    """A no-break space is a word character to the tree reader but a space to every line of
+    words: linearize refuses the word (delinearize raised a ValueError, a traceback)."""
+    with pytest.raises(UserError, match=r"^train: tree 1: cannot linearize it: word 'a\\xa0b' is empty or holds"):
+        write_split([Tree.parse("( (S (NN a\xa0b)) )")], tmp_path / "train", split="train")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_zip_member_splits_lines_as_a_file_does(tmp_path):
+    """str.splitlines also breaks at NEL, U+2028 and \\x1c-\\x1e, which a word may hold; the file
+    reader breaks lines at \\n only, so the .zip reader does too."""
+    text = "( (S (NN a\x85b) (NN c\u2028d) (NN e\x1cf)) )\n"
+    z = tmp_path / "tb.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("wsj_0001.mrg", text)
+    (tmp_path / "wsj_0001.mrg").write_text(text, encoding="utf-8")
+    assert read_documents(z)[0].trees == read_documents(tmp_path / "wsj_0001.mrg")[0].trees
+    assert read_documents(z)[0].trees[0].leaves() == ["a\x85b", "c\u2028d", "e\x1cf"]
+
+
+# ---- deep trees ----
+
+DEEP = 10_000
+
+
+def test_trees_10000_levels_deep_are_read_written_compared_and_normalized(tmp_path):
+    text = "( " + "(S " * DEEP + "(NN a)" + ")" * DEEP + " )"
+    t = Tree.parse(text)
+    assert t.height() == DEEP + 3 and t.leaves() == ["a"]
+    assert Tree.parse(str(t)) == t and t != Tree.parse(str(t).replace("(NN a)", "(NN b)"))
+    assert repr(t).startswith("Tree(label='', children=[Tree(label='S', children=[Tree(label='S'")
+    assert normalize_tree(t).height() == DEEP + 3
+    p = tmp_path / "deep.trees"
+    p.write_text(text + "\n" + text + "\n", encoding="utf-8")
+    assert [x == t for x in read_trees(p)] == [True, True]
+    assert read_treebank_file_trees(p) == [t, t]
+    stats = write_split([t], tmp_path / "deep", split="deep")
+    assert stats.sentences == 1 and stats.max_target_tokens == 2 * DEEP + 1
+
+
+def read_treebank_file_trees(path) -> list[Tree]:
+    return [t for d in read_documents(path) for t in d.trees]
+
+
+def test_dataclass_repr_and_eq_are_kept():
+    """`Tree` writes its own __repr__ and __eq__ (no recursion); they agree with the dataclass's."""
+    @dataclasses.dataclass
+    class Reference:
+        label: str
+        children: list = dataclasses.field(default_factory=list)
+
+    Reference.__qualname__ = "Tree"
+
+    def ref(t):
+        return Reference(t.label, [ref(c) if isinstance(c, Tree) else c for c in t.children])
+
+    t = Tree.parse("(TOP (S (NP (NN a) (NN 'b\")) ( (VB c)) (X) d))")
+    assert repr(t) == repr(ref(t))
+    assert t == Tree.parse(str(t)) and t != Tree.parse("(TOP)") and Tree("a", ["x"]) != Tree("a", [Tree("x")])
+    assert (t == "x") is False and t.__eq__("x") is NotImplemented

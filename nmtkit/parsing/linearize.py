@@ -133,8 +133,10 @@ def linearize(tree: Tree, pos: str = "keep") -> tuple[list[str], list[str]]:
     """(words, target tokens) of a normalized tree, depth-first; the TOP root is left implicit.
 
     Raises TreeError for trees the format cannot hold exactly: a word not under its own
-    preterminal, a constituent without words, an empty label, or a tag that would read back as
-    another kind of token (`<...>`).
+    preterminal, a constituent without words, an empty label, a tag that would read back as
+    another kind of token (`<...>`), or a word, tag or label that a line split at whitespace
+    cannot hold as one token (empty, or with a space in it: the tree reader splits at ASCII
+    whitespace only, so a no-break space is part of a word there).
     """
     check_pos_mode(pos)
     words: list[str] = []
@@ -151,10 +153,14 @@ def linearize(tree: Tree, pos: str = "keep") -> tuple[list[str], list[str]]:
             tag = node.label
             if not tag or _is_special(tag) or any(c.isspace() for c in tag):
                 raise TreeError(f"part-of-speech tag {tag!r} of word {node.children[0]!r} cannot be linearized")
-            words.append(node.children[0])  # type: ignore[arg-type]
+            word = node.children[0]
+            if not word or any(c.isspace() for c in word):  # type: ignore[union-attr]
+                raise TreeError(f"word {word!r} is empty or holds whitespace; a line of words cannot hold it "
+                                "as one word")
+            words.append(word)  # type: ignore[arg-type]
             out.append(tag if pos == "keep" else PLACEHOLDER)
             continue
-        if not node.label or _is_special(node.label):
+        if not node.label or _is_special(node.label) or any(c.isspace() for c in node.label):
             raise TreeError(f"constituent label {node.label!r} cannot be linearized")
         if not node.children:
             raise TreeError(f"constituent ({node.label} ) has no words; normalize the tree first")

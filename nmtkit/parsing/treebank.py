@@ -167,7 +167,9 @@ def _zip_documents(path: Path) -> list[Document]:
                 raise UserError(f"{name}: invalid UTF-8 at byte {e.start}") from None
             except (zipfile.BadZipFile, OSError) as e:
                 raise UserError(f"{name}: cannot read: {e}") from None
-            docs.append(Document(name, wsj_number(member), parse_treebank_text(text.splitlines(), name)))
+            # lines end at \n only, as in read_lines: str.splitlines also breaks at NEL, U+2028 and
+            # other characters a word may hold
+            docs.append(Document(name, wsj_number(member), parse_treebank_text(text.split("\n"), name)))
     return docs
 
 

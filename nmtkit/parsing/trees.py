@@ -115,6 +115,44 @@ class Tree:
 
     __str__ = to_string
 
+    def __repr__(self) -> str:
+        """`Tree(label='S', children=[...])`, as the dataclass writes it, built without recursion."""
+        parts: list[str] = []
+        # Each stack item is a node, a word, or a 1-tuple holding text to write as it is.
+        stack: list[Child | tuple[str]] = [self]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, tuple):
+                parts.append(item[0])
+            elif isinstance(item, str):
+                parts.append(repr(item))
+            else:
+                parts.append(f"Tree(label={item.label!r}, children=[")
+                stack.append(("])",))
+                for i, c in enumerate(reversed(item.children)):
+                    if i:
+                        stack.append((", ",))
+                    stack.append(c)
+        return "".join(parts)
+
+    def __eq__(self, other: object) -> bool:
+        """Same labels, words and shape (as the dataclass compares), without recursion."""
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        stack: list[tuple[Tree, Tree]] = [(self, other)]  # type: ignore[list-item]
+        while stack:
+            a, b = stack.pop()
+            if a.label != b.label or len(a.children) != len(b.children):
+                return False
+            for x, y in zip(a.children, b.children):
+                if isinstance(x, Tree) or isinstance(y, Tree):
+                    if x.__class__ is not y.__class__:
+                        return False
+                    stack.append((x, y))  # type: ignore[arg-type]
+                elif x != y:
+                    return False
+        return True
+
     def copy(self) -> "Tree":
         """A deep copy (iterative)."""
         root = Tree(self.label)

@@ -18,6 +18,7 @@ imported and no function of theirs is called. torch's weights-only unpickler doe
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import pickle
 import pickletools
@@ -56,6 +57,7 @@ class Record:
     """
 
     qualname = "?"
+    args: tuple = ()  # created by NEWOBJ, `__init__` is not run
 
     def __init__(self, *args: Any) -> None:
         self.args = args
@@ -72,6 +74,11 @@ def _record_class(full_name: str) -> type:
     return type("Record", (Record,), {"qualname": full_name, "__module__": __name__})
 
 
+# Names torch's weights-only loader allows that no fairseq checkpoint holds and that allocate what
+# a number in the file asks for, filled: `bytearray(2**34)` in a file of 40 bytes takes 16 GiB.
+REFUSED_TORCH_NAMES = frozenset({"builtins.bytearray"})
+
+
 def allowed(full_name: str) -> bool:
     return full_name in ALLOWED_NAMES or full_name.startswith(ALLOWED_PREFIXES)
 
@@ -79,7 +86,7 @@ def allowed(full_name: str) -> bool:
 # ---- listing the names a pickle refers to, without unpickling it ---------------------------------
 
 
-def _globals_of(data: bytes | io.BufferedIOBase, count: int = 1) -> tuple[list[str], int]:
+def _globals_of(data: bytes | mmap.mmap, count: int = 1) -> tuple[list[str], int]:
     """The GLOBAL / STACK_GLOBAL names of the next `count` pickles in `data`, and where they end.
 
     STACK_GLOBAL takes its module and name from the two strings pushed before it (directly or
@@ -127,8 +134,16 @@ def _pickled_globals(path: Path) -> list[str]:
             if len(pkl) != 1:
                 raise UserError(f"{path}: not a torch checkpoint (expected one data.pkl in the archive)")
             return _globals_of(zf.read(pkl[0]))[0]
-    with open(path, "rb") as fh:  # legacy torch.save: magic, protocol, sys info, the object, storage keys
-        return _globals_of(fh, count=5)[0]
+    # legacy torch.save: magic, protocol, sys info, the object, storage keys. Mapped, not read: a
+    # length in the file (BINBYTES8) then asks for no more than the file holds.
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return _globals_of(mm, count=5)[0]
+
+
+def _printable(name: str) -> str:
+    """A name from the file as one line: quoted with escapes when it holds a line break or another
+    control character (STACK_GLOBAL's strings may hold anything)."""
+    return name if name.isprintable() else repr(name)
 
 
 def _message(e: BaseException) -> str:
@@ -136,7 +151,10 @@ def _message(e: BaseException) -> str:
     m = re.search(r"GLOBAL (\S+)", text)
     if m:
         return f"it names {m.group(1)}"
-    return first_line(e)
+    # torch's weights-only loader opens with advice (load the file unsafely) and gives the
+    # reason lines below
+    m = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
+    return m.group(1).splitlines()[0].strip() if m else first_line(e)
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -155,13 +173,13 @@ def load(path: str | os.PathLike) -> dict:
     except (pickle.UnpicklingError, ValueError, EOFError, zipfile.BadZipFile, OSError) as e:
         raise UserError(f"{path}: cannot read fairseq checkpoint (corrupt or not a torch file?): "
                         f"{_message(e)}") from None
-    torch_allowed = set(torch._weights_only_unpickler._get_allowed_globals())
+    torch_allowed = set(torch._weights_only_unpickler._get_allowed_globals()) - REFUSED_TORCH_NAMES
     stand_ins = {}
     for name in names:
         if name in torch_allowed:
             continue
         if not allowed(name):
-            raise UserError(f"{path}: refused: the checkpoint names {name}, which is not data of a "
+            raise UserError(f"{path}: refused: the checkpoint names {_printable(name)}, which is not data of a "
                             "fairseq checkpoint (nothing from the file was run)")
         stand_ins.setdefault(name, _record_class(name))
     try:
@@ -195,7 +213,8 @@ def plain(obj: Any, depth: int = 0) -> Any:
     if not isinstance(obj, Record):
         return obj
     state = getattr(obj, "state", None)
-    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):  # (dict, slots)
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], (dict, type(None))) \
+            and isinstance(state[1], dict):  # (dict or None, slots); any other tuple is no state
         state = {**(state[0] or {}), **state[1]}
     if isinstance(state, dict):
         if "_content" in state:  # an OmegaConf container or node: its content is what counts

@@ -74,13 +74,23 @@ class Folder:
     langs: tuple[str, str]
 
 
+def _shown(name: str) -> str:
+    """A name from a file as one line of a message: quoted with escapes when it is empty or holds
+    a line break or another character that is not printable."""
+    return name if name and name.isprintable() else repr(name)
+
+
 def _json(path: Path, what: str):
     if not path.is_file():
         raise UserError(f"{path}: missing; {path.parent} is not a MarianMT folder ({what})")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not readable JSON ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad UTF-8, bad JSON, 5000 digits
+        raise UserError(f"{path}: not readable JSON ({first_line(e)})") from None
+
+
+# the dtypes of weights the conversion computes with (float8 and the integer types it cannot)
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _weights(d: Path) -> dict[str, torch.Tensor]:
@@ -91,15 +101,21 @@ def _weights(d: Path) -> dict[str, torch.Tensor]:
             from safetensors.torch import load_file
         except ImportError:
             raise UserError(f"{st}: reading it needs safetensors: pip install 'nmtkit[hf]'") from None
+    path = st if st.is_file() else pt
+    if not path.is_file():
+        raise UserError(f"{d}: no model.safetensors or pytorch_model.bin; not a MarianMT folder")
     try:
-        if st.is_file():
-            return load_file(str(st))
-        if pt.is_file():
-            return torch.load(pt, map_location="cpu", weights_only=True)
+        weights = load_file(str(st)) if path == st else torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged or foreign file: name it
-        raise UserError(f"{st if st.is_file() else pt}: cannot read the weights ({type(e).__name__}: "
-                        f"{first_line(e)})") from None
-    raise UserError(f"{d}: no model.safetensors or pytorch_model.bin; not a MarianMT folder")
+        raise UserError(f"{path}: cannot read the weights ({type(e).__name__}: {first_line(e)})") from None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                                for k, t in weights.items()):
+        raise UserError(f"{path}: not a state dict (names -> tensors)")
+    for name, t in weights.items():
+        if t.dtype not in WEIGHT_DTYPES:
+            raise UserError(f"{path}: weight {_shown(name)} is {t.dtype}; nmtkit imports float32, float16, bfloat16 "
+                            "and float64 weights")
+    return weights
 
 
 def _vocab(path: Path, size: int) -> list[str | None]:
@@ -144,6 +160,10 @@ def read_folder(opts: ImportOptions) -> Folder:
         if not p.is_file():
             raise UserError(f"{p}: missing; a MarianMT folder holds source.spm and target.spm (MarianTokenizer's models)")
     tok_cfg = _json(d / "tokenizer_config.json", "MarianTokenizer's settings") if (d / "tokenizer_config.json").is_file() else {}
+    if not isinstance(tok_cfg, dict):
+        raise UserError(f"{d / 'tokenizer_config.json'}: expected a JSON object of MarianTokenizer's settings")
+    weights = _weights(d)
+    check_vocab_sizes(config, weights, d / "config.json")
     src_size = int(config["vocab_size"])
     tgt_size = int(config.get("decoder_vocab_size") or src_size)
     src_vocab = _vocab(d / "vocab.json", src_size)
@@ -152,7 +172,7 @@ def read_folder(opts: ImportOptions) -> Folder:
     langs = (_lang(opts.source_lang, tok_cfg, "source_lang", d), _lang(opts.target_lang, tok_cfg, "target_lang", d))
     if langs[0] == langs[1]:
         raise UserError(f"source and target language are both {langs[0]!r}; give --source-lang and --target-lang")
-    return Folder(d, config, _weights(d), (src_vocab, tgt_vocab), spm, langs)
+    return Folder(d, config, weights, (src_vocab, tgt_vocab), spm, langs)
 
 
 def check_config(config: dict, where: Path) -> None:
@@ -161,14 +181,29 @@ def check_config(config: dict, where: Path) -> None:
         if config.get(key, False if key == "scale_embedding" else not bad) == bad:
             raise UserError(f"{where}: {what} is not supported by nmtkit's post-norm Transformer")
     act = config.get("activation_function", "gelu")
-    if act not in ACTIVATIONS:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
         raise UserError(f"{where}: activation_function {act!r} is not supported (nmtkit has {', '.join(ACTIVATIONS)})")
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if config.get(a) != config.get(b):
-            raise UserError(f"{where}: {a} {config.get(a)} != {b} {config.get(b)}; nmtkit's encoder and decoder share these sizes")
+            raise UserError(f"{where}: {a} {config.get(a)!r} != {b} {config.get(b)!r}; nmtkit's encoder and decoder share these sizes")
     for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "vocab_size"):
         if not isinstance(config.get(key), int) or isinstance(config.get(key), bool) or config[key] <= 0:
             raise UserError(f"{where}: {key} must be a positive integer, got {config.get(key)!r}")
+    dec = config.get("decoder_vocab_size")  # missing, null or 0: vocab_size's
+    if dec is not None and (not isinstance(dec, int) or isinstance(dec, bool) or dec < 0):
+        raise UserError(f"{where}: decoder_vocab_size must be a positive integer, got {dec!r}")
+
+
+def check_vocab_sizes(config: dict, weights: dict[str, torch.Tensor], where: Path) -> None:
+    """Refuse a vocabulary size larger than every weight matrix: the vocabularies are read into
+    lists of one entry per id, which a config of a few bytes must not make as large as it says
+    (the exact sizes are checked against the embeddings later)."""
+    rows = max((t.shape[0] for t in weights.values() if t.dim() == 2), default=0)
+    for key in ("vocab_size", "decoder_vocab_size"):
+        size = config.get(key)
+        if isinstance(size, int) and size > rows:
+            raise UserError(f"{where}: {key} {size} is larger than every weight matrix of the model "
+                            f"({rows} rows at most)")
 
 
 # ---- the vocabulary: nmtkit's special ids first ---------------------------------------------------
@@ -286,13 +321,22 @@ def arch_config(f: Folder, share: str, attention_bias: bool):
         return ArchConfig(
             encoder_layers=c["encoder_layers"], decoder_layers=c["decoder_layers"], d_model=c["d_model"],
             d_ff=c["encoder_ffn_dim"], heads=c["encoder_attention_heads"],
-            dropout=float(c.get("dropout", 0.1)), attention_dropout=float(c.get("attention_dropout", 0.0)),
-            activation_dropout=float(c.get("activation_dropout", 0.0)), share_embeddings=share,
+            dropout=_float(c, "dropout", 0.1, where), attention_dropout=_float(c, "attention_dropout", 0.0, where),
+            activation_dropout=_float(c, "activation_dropout", 0.0, where), share_embeddings=share,
             max_source_positions=positions, max_target_positions=positions,
             activation=ACTIVATIONS[c.get("activation_function", "gelu")], attention_bias=attention_bias,
         ).validate()
     except (TypeError, ValueError, UserError) as e:
         raise UserError(f"{where}: {e}") from None
+
+
+def _float(config: dict, key: str, default: float, where: Path) -> float:
+    """A rate of the config as a float (UserError naming the key for one that is no number)."""
+    value = config.get(key, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {key} must be a number, got {value!r}") from None
 
 
 def convert(f: Folder) -> tuple[object, dict[str, torch.Tensor], list[list[str]]]:
@@ -315,7 +359,7 @@ def convert(f: Folder) -> tuple[object, dict[str, torch.Tensor], list[list[str]]
               "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
     foreign = sorted(set(f.weights) - known)
     if foreign:
-        raise UserError(f"{f.path}: weight {foreign[0]} has no place in nmtkit's post-norm Transformer "
+        raise UserError(f"{f.path}: weight {_shown(foreign[0])} has no place in nmtkit's post-norm Transformer "
                         f"(an extra layer norm or another variant){f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}")
     missing = sorted(k for k in known if k.startswith("model.") and ".layers." in k and k not in f.weights)
     if missing:
