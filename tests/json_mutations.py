@@ -51,3 +51,13 @@ def mutate(data, doc: dict, max_mutations: int = 3) -> dict:
         elif path:
             parent[path[-1]] = copy.deepcopy(data.draw(WEIRD_VALUES, label="value"))  # WEIRD's are shared
     return doc
+
+
+def replaced(doc: dict, where: tuple, value) -> dict:
+    """A deep copy of `doc` with the entry at key path `where` set to `value`."""
+    out = copy.deepcopy(doc)
+    parent = out
+    for k in where[:-1]:
+        parent = parent[k]
+    parent[where[-1]] = value
+    return out

@@ -867,7 +867,7 @@ from hypothesis import strategies as st  # noqa: E402
 from nmtkit.backends.directory import INFO_NAME, check_files, read_info  # noqa: E402
 from nmtkit.data.dictionary import Dictionary  # noqa: E402
 from nmtkit.data.manifest import _VERIFIED, is_file_name  # noqa: E402
-from tests.json_mutations import mutate  # noqa: E402
+from tests.json_mutations import mutate, replaced  # noqa: E402
 
 _CODES = "#version: 0.2\ns t</w>\ne st</w>\nl o\n"
 _EXPORT_FILES = {
@@ -985,12 +985,7 @@ def test_nmtkit_json_entries_of_the_wrong_type_or_outside_the_directory_are_name
     of the checked files, a number as the runtime's files) and files outside the directory read."""
     from nmtkit.backends.registry import describe
 
-    info = copy.deepcopy(_INFO)
-    parent = info
-    for k in where[:-1]:
-        parent = parent[k]
-    parent[where[-1]] = value
-    d = _write_export(fuzz_root, json.dumps(info))
+    d = _write_export(fuzz_root, json.dumps(replaced(_INFO, where, value)))
     with pytest.raises(UserError) as e:
         check_files(d, read_info(d)) if where[1] != "name" else describe([str(d)], None)
     assert str(e.value) == f"{d / INFO_NAME}: {message}"

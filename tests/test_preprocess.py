@@ -823,7 +823,7 @@ from hypothesis import example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from nmtkit.data import manifest as M  # noqa: E402
-from tests.json_mutations import WEIRD_VALUES, mutate  # noqa: E402
+from tests.json_mutations import WEIRD_VALUES, mutate, replaced  # noqa: E402
 
 _CODES = "#version: 0.2\ns t</w>\ne st</w>\nl o\n"
 _OUTSIDE = "outside.txt"  # a file beside the data directory, which no manifest may reach ("../outside.txt")
@@ -955,12 +955,7 @@ def test_the_hand_made_data_directory_reads(fuzz_root):
 def test_manifest_entries_of_the_wrong_type_or_outside_the_directory_are_named(fuzz_root, where, value, message):
     """Before: a KeyError or TypeError traceback at the first reader of the entry, or, for a name
     leaving the directory, a file outside it read, hashed and recorded."""
-    doc = copy.deepcopy(_MANIFEST)
-    parent = doc
-    for k in where[:-1]:
-        parent = parent[k]
-    parent[where[-1]] = value
-    d = _write_data_dir(fuzz_root, json.dumps(doc))
+    d = _write_data_dir(fuzz_root, json.dumps(replaced(_MANIFEST, where, value)))
     with pytest.raises(UserError) as e:
         load_manifest(d)
     assert str(e.value).startswith(f"{d / 'manifest.json'}: {message}"), str(e.value)
