@@ -858,7 +858,6 @@ def test_a_failed_rename_puts_the_earlier_export_back(tmp_path, monkeypatch):
 # line naming the directory's description or the file at fault; never a traceback, never a file
 # outside the directory read.
 
-import copy  # noqa: E402
 import hashlib  # noqa: E402
 
 from hypothesis import given  # noqa: E402
