@@ -480,3 +480,90 @@ def test_a_terminal_on_stdin_gets_each_translation_before_the_next_line(setup):
 
     tr = Translator.load(ckpt, data, threads=1, max_len_b=6)
     assert answers == tr.translate(["der Hund läuft", "die Straße"])
+
+
+@pytest.mark.parametrize("fmt,extra", [("plain", ()), ("fairseq", ("--print-alignment",))])
+def test_outputs_are_written_in_input_order_as_soon_as_every_earlier_input_is_done(setup, run_cli, monkeypatch,
+                                                                                  fmt, extra):
+    """`generate ... | head` must not wait for the whole split: each write holds only inputs
+    whose every predecessor is already searched (or empty), the first write comes before the
+    last batch is searched, and watching the writes changes nothing (the same batches on both
+    runs: scores may differ in the last digit between batch compositions)."""
+    from nmtkit.generation import generator
+    from nmtkit.generation.translator import Translator
+
+    data, ckpt, _, _ = setup
+    whole = run_cli("generate", data, "--path", ckpt, "--format", fmt, *extra, "--batch-size", "1", *COMMON)
+    assert whole.code == 0, whole
+    searched: list[int] = []  # input indices, in the order the batches were searched
+    writes: list[tuple[int, list[int]]] = []  # (batches searched so far, inputs written)
+    batches_done = [0]
+    translate_batches, write = Translator.translate_batches, generator._write
+
+    def counting(self, items, **kw):
+        for batch, found in translate_batches(self, items, **kw):
+            searched.extend(it.index for it in batch)
+            batches_done[0] += 1
+            yield batch, found
+
+    def recording(fh, writer, stats, done):
+        if done:
+            writes.append((batches_done[0], [it.index for it, _, _ in done]))
+        write(fh, writer, stats, done)
+
+    monkeypatch.setattr(Translator, "translate_batches", counting)
+    monkeypatch.setattr(generator, "_write", recording)
+    r = run_cli("generate", data, "--path", ckpt, "--format", fmt, *extra, "--batch-size", "1", *COMMON)
+    assert r.code == 0, r
+    assert r.out == whole.out
+    empty = {i for i, s in enumerate(TEST_SRC) if not s.strip()}
+    assert [i for _, idx in writes for i in idx] == list(range(len(TEST_SRC)))
+    total = batches_done[0]
+    assert total == len(TEST_SRC) - len(empty)  # --batch-size 1: one batch per non-empty input
+    for n, idx in writes:
+        done = set(searched[:n]) | empty
+        assert set(range(max(idx) + 1)) <= done, (n, idx, searched)
+    assert writes[0][0] < total, writes  # something was written before the last batch was searched
+
+
+def test_an_empty_input_file_is_said_before_the_model_is_loaded(setup, run_cli, tmp_path, monkeypatch):
+    from nmtkit.generation import generator
+
+    data, ckpt, _, _ = setup
+    empty = tmp_path / "empty.de"
+    empty.write_bytes(b"")
+    order: list[str] = []
+    open_translator = generator.open_translator
+    monkeypatch.setattr(generator, "print_note", lambda note: note and order.append(note))
+    monkeypatch.setattr(generator, "open_translator", lambda *a: order.append("open") or open_translator(*a))
+    r = run_cli("generate", data, "--path", ckpt, "--input", empty, *COMMON)
+    assert r.code == 0 and r.out == "", r
+    assert order[0] == f"--input {empty} is empty: 0 sentences to translate (the model is still loaded and checked)"
+    assert order[1] == "open"
+    # a file with one (empty) line is one sentence, not an empty input
+    one = tmp_path / "one.de"
+    one.write_text("\n")
+    order.clear()
+    r = run_cli("generate", data, "--path", ckpt, "--input", one, *COMMON)
+    assert r.code == 0 and r.out == "\n" and order == ["open"], (r, order)
+
+
+def test_no_progress_bar_while_the_user_types_at_a_terminal(setup, run_cli, monkeypatch):
+    """Input typed at a terminal (--input - on a tty) gets no bar drawn over the typed line; a
+    pipe or a file keeps it."""
+    import io
+    import sys
+
+    from nmtkit.generation import generator
+
+    data, ckpt, _, _ = setup
+    asked: list[bool] = []
+    real = generator.Progress
+    monkeypatch.setattr(generator, "Progress", lambda enabled, total: asked.append(enabled) or real(False, total))
+    for tty in (True, False):
+        stdin = io.TextIOWrapper(io.BytesIO("der Hund\n".encode()), encoding="utf-8")
+        monkeypatch.setattr(stdin, "isatty", lambda: tty)
+        monkeypatch.setattr(sys, "stdin", stdin)
+        r = run_cli("generate", data, "--path", ckpt, "--input", "-", "--max-len-b", "6", "--threads", "1")
+        assert r.code == 0 and len(lines(r.out)) == 1, r
+    assert asked == [False, True]

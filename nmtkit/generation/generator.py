@@ -1,5 +1,5 @@
 """The `generate` driver: open the model, read the inputs, then search (or score) them chunk by
-chunk and write each chunk's outputs in input order.
+chunk and write the outputs in input order as soon as they are known.
 
 Why it is shaped this way:
 - Every flag is decided here, once, at the top: `GenerateOptions.validate` refuses what cannot
@@ -9,7 +9,8 @@ Why it is shaped this way:
   sees exactly the segmentation the model was trained on; both kinds become the same `Item`s
   (`nmtkit.generation.inputs`, read once, checked before anything is written).
 - Inputs are processed in chunks of `buffer_size` sentences: memory stays bounded for endless
-  stdin, and each chunk's results are written (in input order) as soon as the chunk is done.
+  stdin. Each batch's outputs are written as soon as every earlier input's are (`InOrder`), so a
+  pipe (`| head`) gets its first lines while the rest is still being translated.
   Inside a chunk sentences are sorted by length and cut into batches by `max_tokens` /
   `batch_size`, which keeps padding (wasted work) small.
 - No input line is ever dropped: an empty line gives an empty output (without running the
@@ -45,8 +46,8 @@ from nmtkit.generation.model_flags import (
     with_seed,
 )
 from nmtkit.generation.translator import Translator
-from nmtkit.generation.writing import FORMATS, GenerateStats, Progress, Writer, output_text
-from nmtkit.io import output_stream
+from nmtkit.generation.writing import FORMATS, GenerateStats, InOrder, Progress, Writer, output_text
+from nmtkit.io import output_stream, read_lines
 from nmtkit.search.config import SearchConfig
 from nmtkit.settings import group, negate, setting
 
@@ -256,26 +257,43 @@ class ChunkWork:
     layer: int | None
     words: bool
 
-    def run_chunk(self, chunk: list[Item], progress: Progress, stats: GenerateStats) -> tuple[dict, dict]:
-        """({index: hypotheses}, {index: alignments}) of one chunk: searched, or scored (the time
-        of that alone is the summary's decode time); then the alignments when asked for."""
+    def run_chunk(self, chunk: list[Item], progress: Progress, stats: GenerateStats) -> Iterator[tuple[dict, dict]]:
+        """({index: hypotheses}, {index: alignments}) of one chunk, piece by piece as they are
+        known: the empty inputs first (no model call), then each searched batch; scoring gives the
+        whole chunk at once. The time of the search or scoring alone is the summary's decode time."""
         tr = self.tr
-        # empty inputs need no model call (scoring still runs them: a source of </s> alone)
-        progress.advance(0 if self.scoring else sum(1 for it in chunk if len(it.ids) == 0))
-        td = time.perf_counter()
         if self.scoring:
+            td = time.perf_counter()
             results, aligns = tr.score_items(chunk, alignment_layer=self.layer, on_batch=progress.advance)
-        else:
-            results, aligns = tr.translate_items(chunk, on_batch=progress.advance), {}
-        stats.decode_seconds += time.perf_counter() - td
-        if self.layer is not None and not self.scoring:
-            aligns = tr.align_items(chunk, results, self.layer)
-        if self.words:
-            for it in chunk:
-                if it.index in aligns:
-                    hyps = results.get(it.index, [])
-                    aligns[it.index] = [tr.word_alignment(it, h.tokens, a) for h, a in zip(hyps, aligns[it.index])]
-        return results, aligns
+            stats.decode_seconds += time.perf_counter() - td
+            yield results, self._words(chunk, results, aligns)
+            return
+        # empty inputs need no model call
+        empty = {it.index: [] for it in chunk if len(it.ids) == 0}
+        progress.advance(len(empty))
+        yield empty, {}
+        batches = tr.translate_batches(chunk)
+        while True:
+            td = time.perf_counter()
+            batch, found = next(batches, (None, None))
+            stats.decode_seconds += time.perf_counter() - td
+            if batch is None:
+                return
+            progress.advance(len(batch))
+            results = {it.index: hyps for it, hyps in zip(batch, found)}
+            aligns = tr.align_items(batch, results, self.layer) if self.layer is not None else {}
+            yield results, self._words(batch, results, aligns)
+
+    def _words(self, items: list[Item], results: dict, aligns: dict) -> dict:
+        """--print-alignment words: the subword alignments turned into pairs of words."""
+        if not self.words:
+            return aligns
+        tr = self.tr
+        for it in items:
+            if it.index in aligns:
+                hyps = results.get(it.index, [])
+                aligns[it.index] = [tr.word_alignment(it, h.tokens, a) for h, a in zip(hyps, aligns[it.index])]
+        return aligns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,12 +305,16 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     t_start = time.perf_counter()
     opts.validate()
     warn = warn or warn_stderr
+    if _empty_input(opts.input):
+        print_note(f"--input {opts.input} is empty: 0 sentences to translate (the model is still loaded and checked)")
     tr = open_translator(opts, warn)
     print_note(opts.engine_note)
     spec = opts.input_spec()
     inputs = read_inputs(spec, tr)
     work = ChunkWork(tr, opts.score_reference, _alignment_layer(opts, tr), opts.print_alignment == "words")
-    progress = Progress(opts.progress, inputs.total)
+    # typing at a terminal: no bar drawn over the line being typed or before each answer
+    interactive = opts.input == "-" and sys.stdin.isatty()
+    progress = Progress(opts.progress and not interactive, inputs.total)
     writer = Writer(tr, opts.format, print_scores=opts.print_scores, score_reference=opts.score_reference,
                     print_alignment=opts.print_alignment is not None,
                     text_of=output_text(tr, spec.split, inputs.total))
@@ -300,13 +322,33 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     stream = output_stream(opts.output) if out is None else contextlib.nullcontext(out)
     with stream as fh, progress:
         for chunk in chunks(inputs.items, opts.buffer_size):
-            results, aligns = work.run_chunk(chunk, progress, stats)
-            for it in chunk:
-                hyps = results.get(it.index, [])
-                fh.write(writer.lines(it, hyps, aligns.get(it.index)))
-                stats.count(hyps)
-            fh.flush()
+            ordered = InOrder(chunk)
+            for results, aligns in work.run_chunk(chunk, progress, stats):
+                _write(fh, writer, stats, ordered.add(results, aligns))
+            _write(fh, writer, stats, ordered.rest())
     inputs.truncations.summary()
     stats.truncated = inputs.truncations.count
     stats.total_seconds = time.perf_counter() - t_start
     return stats
+
+
+def _empty_input(path: str | None) -> bool:
+    """True for an --input file without a single line, said before the model is loaded (which
+    can take seconds); stdin and a missing file are left to the reading itself."""
+    if path is None or path == "-" or not Path(path).is_file():
+        return False
+    lines = read_lines(path)
+    try:
+        return next(lines, None) is None
+    finally:
+        lines.close()
+
+
+def _write(fh: IO[str], writer: Writer, stats: GenerateStats, done: list[tuple[Item, list, list | None]]) -> None:
+    """Write these inputs' lines (already in input order) and flush, so a pipe sees them now."""
+    if not done:
+        return
+    for it, hyps, aligns in done:
+        fh.write(writer.lines(it, hyps, aligns))
+        stats.count(hyps)
+    fh.flush()

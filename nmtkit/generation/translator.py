@@ -317,16 +317,23 @@ class Translator:
         (`nmtkit.data.shards.load_split`); empty items get no entry (no model call).
         `on_batch(n)` is called after each batch of n sentences (progress bars).
         """
-        cfg = self.search_config(**search_settings)
-        self._check_terms(items, cfg)
         results: dict[int, list[Hypothesis]] = {}
-        for batch in make_batches(list(items), self.max_tokens, self.batch_size):
-            found = self._search(batch, cfg)
+        for batch, found in self.translate_batches(items, **search_settings):
             for it, hyps in zip(batch, found):
                 results[it.index] = hyps
             if on_batch is not None:
                 on_batch(len(batch))
         return results
+
+    def translate_batches(self, items: Sequence[Item], **search_settings
+                          ) -> Iterator[tuple[list[Item], list[list[Hypothesis]]]]:
+        """(batch, its hypotheses) for each batch of `translate_items`, as each is searched: a
+        caller that writes in input order can write what is complete without waiting for the rest.
+        Every item's terms are checked before the first search."""
+        cfg = self.search_config(**search_settings)
+        self._check_terms(items, cfg)
+        for batch in make_batches(list(items), self.max_tokens, self.batch_size):
+            yield batch, self._search(batch, cfg)
 
     def _run(self, sentences: Sequence[str], settings: dict, terms: dict) -> list[tuple[Item, list[Hypothesis] | None]]:
         """(item, hypotheses) per sentence in order; None for an empty sentence (no model call).
