@@ -2,7 +2,7 @@
 # Fine-tune the quickstart's Multi30k De->En model (image captions) on news, and measure both
 # domains before and after: the adaptation users do most after training.
 #
-#   bash recipes/finetune.sh [--smoke]
+#   bash recipes/finetune.sh [--smoke]        # or: SMOKE=1 bash recipes/finetune.sh
 #
 # Stages (each skipped when its verified output exists, so a re-run continues where it stopped):
 #   base        the quickstart model: $BASE_MODEL if it exists (used as it is, read only), else
@@ -46,7 +46,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 RECIPE_NAME=finetune
 
-SMOKE=0
+SMOKE=${SMOKE:-0}                   # SMOKE=1 in the environment is the same as --smoke
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
@@ -111,7 +111,7 @@ stage_base() {
         say "base: using $BASE_MODEL (data $BASE_DATA)"
     else
         say "base: $BASE_MODEL not found: running recipes/quickstart.sh$(s ' --smoke' '') in $QUICKSTART_WORK"
-        env -u STAGE LAST_STAGE=average NMTKIT_WORK="$QUICKSTART_WORK" bash recipes/quickstart.sh $(s --smoke "")
+        env -u STAGE LAST_STAGE=average SMOKE="$SMOKE" NMTKIT_WORK="$QUICKSTART_WORK" bash recipes/quickstart.sh
         [ -f "$BASE_MODEL" ] || die "the quickstart did not write $BASE_MODEL"
     fi
     [ -f "$BASE_DATA/manifest.json" ] || die "BASE_DATA=$BASE_DATA is not a data directory (no manifest.json)"
@@ -235,6 +235,7 @@ stage_after() {
     show_table
 }
 
+[[ $SMOKE =~ ^[01]$ ]] || die "SMOKE must be 0 or 1, got '$SMOKE'"
 for v in WARMUP MAX_UPDATE MAX_TOKENS PATIENCE SEED BEAM THREADS NEWS_TRAIN_LINES NEWS_VALID_LINES NEWS_TEST_LINES FLICKR_LINES; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main command: Multi30k German->English with nmtkit, from raw text to sacreBLEU.
 #
-#   bash recipes/quickstart.sh [--smoke]
+#   bash recipes/quickstart.sh [--smoke]      # or: SMOKE=1 bash recipes/quickstart.sh
 #
 # Stages (each skipped when its verified output exists, so a re-run continues where it stopped):
 #   data        Multi30k task 1 raw text: $NMTKIT_DATA if set, else downloaded into a cache
@@ -14,10 +14,12 @@
 #   score       sacreBLEU printed on stdout
 #
 # Options:
-#   --smoke     CI-sized run of the same pipeline (about 30 s): the first 2000 training pairs,
-#               1000 pieces, transformer_tiny, 300 updates at learning rate 5e-3, on CPU, in a
-#               separate work directory. It checks the pipeline, not the model: the validation
-#               loss falls and the translations are short but not empty; BLEU stays near 1.
+#   --smoke     CI-sized run of the same pipeline (about 35 s on 2 idle CPU cores): the first
+#               2000 training pairs, 1000 pieces, transformer_tiny, 300 updates at learning rate
+#               5e-3, on CPU, in a separate work directory (SMOKE=1 in the environment does the
+#               same). It checks the pipeline, not the model: the validation loss falls; most
+#               translations stop after one to three words ("A man in"), a few are empty, and
+#               BLEU stays near 1 (docs/quickstart.md).
 # Environment (every setting below can be overridden, e.g. MAX_UPDATE=1600 for a longer run):
 #   NMTKIT_DATA   folder holding train.{de,en}.gz, val.{de,en}.gz, test_2016_flickr.{de,en}.gz
 #   NMTKIT_CACHE  where downloads go (default: ${XDG_CACHE_HOME:-~/.cache}/nmtkit/multi30k)
@@ -31,7 +33,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 RECIPE_NAME=quickstart
 
-SMOKE=0
+SMOKE=${SMOKE:-0}                   # SMOKE=1 in the environment is the same as --smoke
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
@@ -48,9 +50,9 @@ WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_de_en$(s _smoke "")}
 SMOKE_TRAIN_LINES=2000
 VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 8000)}
 WORKERS=${WORKERS:-1}
-# The model of ../shared/anchors' fairseq yardstick (7.6M parameters; fairseq's log says 9.9M
-# because it also counts fused copies of its encoder weights, docs/train.md "Speed against
-# fairseq"): transformer_base with 3+3 layers, d_model 256, 4 heads, d_ff 1024, all embeddings
+# The model of the fairseq 0.12.2 reference run (docs/fairseq.md, "Comparing with fairseq 0.12.2
+# and CTranslate2 yourself"; 7.6M parameters, fairseq's log says 9.9M because it also counts
+# fused copies of its encoder weights, docs/train.md "Speed against fairseq"): transformer_base with 3+3 layers, d_model 256, 4 heads, d_ff 1024, all embeddings
 # shared. Small data and a short budget: a larger learning rate than the paper's with a short
 # linear warmup (fairseq's inverse_sqrt schedule), label smoothing 0.1 (the architecture's).
 if [ "$SMOKE" = 1 ]; then
@@ -64,7 +66,7 @@ fi
 # to say more than "A" (after 30 updates every translation was empty).
 LR=${LR:-$(s 5e-3 1e-3)}
 WARMUP=${WARMUP:-$(s 50 400)}
-MAX_TOKENS=${MAX_TOKENS:-$(s 1024 2048)}  # half the yardstick's 4096: twice the updates per epoch
+MAX_TOKENS=${MAX_TOKENS:-$(s 1024 2048)}  # half the reference run's 4096: twice the updates per epoch
 MAX_UPDATE=${MAX_UPDATE:-$(s 300 1600)}  # the budget: 1600 updates (7 epochs) took 20 min on 2 idle cores
 MAX_TIME=${MAX_TIME:-}                  # optional wall-clock cap, e.g. 20m (results then vary)
 SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(s 10 100)}
@@ -185,6 +187,7 @@ stage_score() {
     STAGE_OUTPUTS+=("$SCORE_FILE")
 }
 
+[[ $SMOKE =~ ^[01]$ ]] || die "SMOKE must be 0 or 1, got '$SMOKE'"
 for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
@@ -206,3 +209,6 @@ run_stage train "$K_TRAIN" stage_train
 run_stage average "$K_AVERAGE" stage_average
 run_stage generate "$K_GENERATE" stage_generate
 run_stage score "$K_SCORE" stage_score show_score
+if [ -n "${NMTKIT_ENV_ACTIVATED:-}" ]; then
+    say "nmtkit is installed in $NMTKIT_ENV_ACTIVATED; to run it yourself: source $NMTKIT_ENV_ACTIVATED/bin/activate"
+fi

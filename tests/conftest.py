@@ -141,7 +141,8 @@ def shared_file(*parts: str) -> Path:
     """Path to a file under ../shared/data, or skip the test (with the reason) when it is absent."""
     p = SHARED_DATA.joinpath(*parts)
     if not p.exists():
-        pytest.skip(f"shared data not available: {p} (set NMTKIT_SHARED to the shared/ folder)")
+        pytest.skip(f"real data not available: {p} (set NMTKIT_SHARED to a folder laid out as "
+                    'docs/testing.md, "The real data", describes)')
     return p
 
 

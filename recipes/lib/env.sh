@@ -7,10 +7,14 @@
 #                  on a CPU-only machine without a local CPU wheel, also set
 #                  PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)
 #   NMTKIT_VENV    where to create the environment when none is active (default: <repo>/.venv)
+# The environment is active only inside the recipe: when nmtkit_env activated it (none was active),
+# NMTKIT_ENV_ACTIVATED holds its path, so that a recipe can tell the user to
+# `source <path>/bin/activate` before running `nmtkit` by hand.
 _nmtkit_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 nmtkit_env() {
     local extras=${1:-}
+    NMTKIT_ENV_ACTIVATED=""
     if [ -z "${VIRTUAL_ENV:-}" ]; then
         local venv=${NMTKIT_VENV:-$_nmtkit_root/.venv}
         if [ ! -x "$venv/bin/python" ]; then
@@ -19,6 +23,7 @@ nmtkit_env() {
         fi
         # shellcheck disable=SC1091
         . "$venv/bin/activate"
+        NMTKIT_ENV_ACTIVATED=$venv
     fi
     python -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
         || { echo "[env] nmtkit needs Python 3.10 or newer, found $(python --version 2>&1)" >&2; return 1; }
