@@ -301,15 +301,16 @@ def marian(tmp_path_factory):
     return {"root": root, "dir": d, "model": model}
 
 
-def test_a_marian_made_by_transformers_imports_and_searches_as_transformers(marian, run_cli):
+def test_a_marian_made_by_transformers_imports_and_searches_as_transformers(marian, run_cli, tmp_path):
     """import-hf of a swish, separate-vocabulary MarianMT with attention biases: nmtkit's greedy
     search gives transformers' outputs on 200 inputs (transformers told to ban <pad>, as
-    OPUS-MT's configs do with bad_words_ids and nmtkit always does)."""
+    OPUS-MT's configs do with bad_words_ids and nmtkit always does). Imported into a folder of its
+    own: the tests beside it may already have imported into the shared one, in any order."""
     from transformers import MarianTokenizer
 
     from nmtkit import Translator
 
-    root = marian["root"]
+    root = tmp_path
     r = run_cli("import-hf", str(marian["dir"]), "-o", str(root / "m.pt"), "--data-dir", str(root / "data"))
     assert r.code == 0, r.err
     assert "swish" in r.out and "share_embeddings decoder" in r.out  # lm_head tied to the target embeddings

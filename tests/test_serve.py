@@ -478,6 +478,17 @@ def test_missing_extra_is_one_line(monkeypatch, setup, run_cli):  # noqa: F811
 
 
 
+def test_a_running_server_keeps_answering_while_uvicorn_cannot_be_imported(server, monkeypatch):
+    """A running server needs no new import of uvicorn: its tick (every 0.1 s) used to import it
+    each time, so a test hiding uvicorn beside a running server (above) stopped that server's loop
+    and every later request timed out."""
+    url, _, _ = server
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    time.sleep(0.5)  # a few ticks
+    r = post(url, {"text": ["Ein Hund ."]})
+    assert r.status_code == 200, r.text
+
+
 def test_docs_python_example_runs(setup, tmp_path, monkeypatch, capsys):  # noqa: F811
     from nmtkit import Translator
 

@@ -370,10 +370,10 @@ async def _startup(self, sockets=None) -> None:
 
 
 async def _on_tick(self, counter: int) -> bool:
-    import uvicorn
-
+    """uvicorn's tick (every 0.1 s), after flushing the pending log notes. uvicorn.Server's own
+    is reached through the class, not by importing uvicorn again on every tick."""
     self.owner.notes.flush()
-    return await uvicorn.Server.on_tick(self, counter)
+    return await super(type(self), self).on_tick(counter)
 
 
 async def _shutdown(self, sockets=None) -> None:
