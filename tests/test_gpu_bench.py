@@ -26,6 +26,9 @@ def _run(tmp_path: Path, *args: str, data: Path | None = None) -> tuple[subproce
     """gpu.sh --device cpu --tiny ARGS with this interpreter, one thread, private folders -> (process, JSON)."""
     env = dict(os.environ)
     env.update(GPU_BENCH_PYTHON=sys.executable, OMP_NUM_THREADS="1", GPU_BENCH_WORK=str(tmp_path / "work"))
+    # the bench's own pytest runs the files given here in their order (a fake test file's passing
+    # test before its hanging one), whatever order plugin the suite runs with
+    env["PYTEST_ADDOPTS"] = (env.get("PYTEST_ADDOPTS", "") + " -p no:randomly").strip()
     if data is not None:
         env["NMTKIT_DATA"] = str(data)
     env.pop("OUT", None)
