@@ -203,7 +203,7 @@ def test_an_error_outside_a_collective_is_not_read_as_one_whatever_its_text(data
     def loss(*args, **kwargs):
         raise RuntimeError("Timed out waiting for the loss kernel")
 
-    monkeypatch.setattr(S, "label_smoothed_cross_entropy", loss)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", loss)
     with pytest.raises(RuntimeError, match="^Timed out waiting for the loss kernel$"):
         run_as_rank_0_of_2(data_dir, tmp_path / "run", monkeypatch)
 

@@ -404,7 +404,10 @@ def test_parsing_export_gives_native_trees(tmp_path_factory, run_cli):
     nat = Translator.load(ckpt, data, threads=1, warn=lambda m: None, **NATIVE)
     ctr = Translator.load(out, threads=1, warn=lambda m: None, **FAIRSEQ)
     assert ctr.search.max_len_b == 300  # a parsing model's output limit: input + 300
-    assert_same(nat, ctr, words, beam=4, nbest=2)
+    # the best tree of each sentence (n-best lists are compared on the translation models above:
+    # on this model CTranslate2 finds a longer, better second tree for one sentence after native
+    # search with fairseq's rule has stopped, docs/export.md "How close to native search")
+    assert_same(nat, ctr, words, beam=4)
 
 
 # ------------------------------------------------------------------------ quantization, averaging, EMA

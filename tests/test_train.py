@@ -126,18 +126,18 @@ def test_two_gloo_processes_match_one_with_update_freq_2(data_dir, tmp_path):
 
 def _poison(monkeypatch, bad_calls):
     """Make the loss NaN on the given (0-based) training loss calls."""
-    real = S.label_smoothed_cross_entropy
+    real = S.fused_label_smoothed_cross_entropy
     calls = {"n": 0}
 
-    def fake(logits, target, eps, ignore_index=0):
-        loss, nll, n = real(logits, target, eps, ignore_index)
+    def fake(hidden, *args, **kwargs):
+        loss, nll, n = real(hidden, *args, **kwargs)
         i = calls["n"]
         calls["n"] += 1
-        if logits.requires_grad and i in bad_calls:
+        if hidden.requires_grad and i in bad_calls:
             loss = loss * float("nan")
         return loss, nll, n
 
-    monkeypatch.setattr(S, "label_smoothed_cross_entropy", fake)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", fake)
 
 
 def test_nan_update_is_skipped_and_repeated_nans_stop(data_dir, tmp_path, monkeypatch):
@@ -163,11 +163,11 @@ def test_out_of_memory_batch_is_skipped(data_dir, tmp_path, monkeypatch):
     real = Transformer.forward
     calls = {"n": 0}
 
-    def forward(self, *a):
+    def forward(self, *a, **k):
         calls["n"] += 1
         if self.training and calls["n"] == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        return real(self, *a)
+        return real(self, *a, **k)
 
     monkeypatch.setattr(Transformer, "forward", forward)
     res = T.train(config(data_dir, tmp_path / "o", max_update=3, no_validate=True))
@@ -181,7 +181,7 @@ def test_out_of_memory_on_every_batch_stops_with_one_line(data_dir, tmp_path, mo
     stops (it would otherwise begin epoch after epoch) with one line, checkpoint_last.pt untouched."""
     from nmtkit.models.transformer import Transformer
 
-    def forward(self, *a):
+    def forward(self, *a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 90.00 GiB (simulated)")
 
     monkeypatch.setattr(Transformer, "forward", forward)
@@ -312,17 +312,17 @@ def test_time_limits_and_timed_checkpoints(data_dir, tmp_path):
 
 
 def test_fp16_overflow_is_skipped_by_the_loss_scaler(data_dir, tmp_path, monkeypatch):
-    real = S.label_smoothed_cross_entropy
+    real = S.fused_label_smoothed_cross_entropy
     calls = {"n": 0}
 
-    def fake(logits, target, eps, ignore_index=0):
-        loss, nll, n = real(logits, target, eps, ignore_index)
+    def fake(*args, **kwargs):
+        loss, nll, n = real(*args, **kwargs)
         calls["n"] += 1
         if calls["n"] == 2:
             loss = loss * float("inf")  # as an fp16 overflow would make it
         return loss, nll, n
 
-    monkeypatch.setattr(S, "label_smoothed_cross_entropy", fake)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", fake)
     res = T.train(config(data_dir, tmp_path / "h", max_update=2, no_validate=True, precision="fp16", max_tokens=64))
     assert res.update == 2 and res.nan_skips == 0
     skips = [r for r in read_log(tmp_path / "h" / "train_log.jsonl") if r["type"] == "skip"]

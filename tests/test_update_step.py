@@ -425,14 +425,15 @@ def test_logged_loss_and_nll_are_the_reference_sums_over_tokens_in_bits(data_dir
     real = Transformer.forward
     seen: list[tuple] = []
 
-    def forward(self, src_tokens, prev_output_tokens):
-        out = real(self, src_tokens, prev_output_tokens)
-        if self.training:
+    def forward(self, src_tokens, prev_output_tokens, features_only=False):
+        out = real(self, src_tokens, prev_output_tokens, features_only)
+        if self.training:  # training asks for the final states (B, T, D) and projects them itself
+            logits = self.output_logits(out) if features_only else out
             # the target is the decoder input shifted left, with </s> after the last real token
             b = prev_output_tokens.size(0)
             target = torch.cat([prev_output_tokens[:, 1:], torch.full((b, 1), PAD)], 1)  # (B, T)
             target[torch.arange(b), (prev_output_tokens != PAD).sum(1) - 1] = EOS
-            seen.append(hand_loss(out.detach().double(), target, EPS_LS))
+            seen.append(hand_loss(logits.detach().double(), target, EPS_LS))
         return out
 
     monkeypatch.setattr(Transformer, "forward", forward)
@@ -466,7 +467,8 @@ def test_fp16_loss_scaling_applies_unscaled_clipped_gradients_and_skips_overflow
     micro = batches_of(t, 0, 2)
     ref = reference(t.model, one_batch(t, micro))
     dtypes = []
-    hook = t.model.register_forward_hook(lambda mod, inputs, output: dtypes.append(output.dtype))
+    ffn = t.model.decoder_layers[-1].ffn  # the decoder's last matmul before the loss's own
+    hook = ffn.register_forward_hook(lambda mod, inputs, output: dtypes.append(output.dtype))
     with applied_steps(t.model) as seen:
         out = step(t, micro)
     hook.remove()
@@ -558,11 +560,11 @@ def test_out_of_memory_skips_the_update_and_clears_gradients(data_dir, tmp_path,
     real = t.update_step.forward_model
     calls = []
 
-    def forward(src, prev):
+    def forward(src, prev, **k):
         calls.append(src.shape)
         if len(calls) == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
-        return real(src, prev)
+        return real(src, prev, **k)
 
     monkeypatch.setattr(t.update_step, "forward_model", forward)
     out = t.update_step(bs, 1, LoopFlags(time_up=True))
@@ -577,7 +579,7 @@ def test_out_of_memory_skips_the_update_and_clears_gradients(data_dir, tmp_path,
 
     calls.clear()
 
-    def broken(src, prev):
+    def broken(src, prev, **k):
         raise RuntimeError("shape mismatch")
 
     monkeypatch.setattr(t.update_step, "forward_model", broken)
@@ -677,15 +679,15 @@ def test_loss_sums_are_accumulated_in_float64(data_dir, tmp_path, monkeypatch):
     a float32 running sum would differ (checked), so the result shows the accumulator's dtype."""
     from nmtkit.training import step as S
 
-    real = S.label_smoothed_cross_entropy
+    real = S.fused_label_smoothed_cross_entropy
     seen = []
 
-    def spy(logits, target, eps):
-        loss, nll, n = real(logits, target, eps)
+    def spy(*args, **kwargs):
+        loss, nll, n = real(*args, **kwargs)
         seen.append((float(loss.detach()), float(nll.detach())))
         return loss, nll, n
 
-    monkeypatch.setattr(S, "label_smoothed_cross_entropy", spy)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", spy)
     t = new_trainer(data_dir, tmp_path / "f", update_freq=5)
     out = step(t, batches_of(t, 0, 5))
     assert len(seen) == 5 and out.applied
@@ -707,13 +709,13 @@ def test_a_finite_gradient_with_a_non_finite_loss_is_still_skipped(data_dir, tmp
     gradient, and so the norm, stay finite), and nothing is applied."""
     from nmtkit.training import step as S
 
-    real = S.label_smoothed_cross_entropy
+    real = S.fused_label_smoothed_cross_entropy
 
-    def inf_loss(logits, target, eps):
-        loss, nll, n = real(logits, target, eps)
+    def inf_loss(*args, **kwargs):
+        loss, nll, n = real(*args, **kwargs)
         return loss + float("inf"), nll, n
 
-    monkeypatch.setattr(S, "label_smoothed_cross_entropy", inf_loss)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", inf_loss)
     t = new_trainer(data_dir, tmp_path / "i")
     w = params_of(t.model)
     with applied_steps() as seen:
@@ -815,7 +817,7 @@ def test_an_error_outside_a_collective_keeps_its_own_message_in_a_distributed_ru
     t = new_trainer(data_dir, tmp_path / "e", update_freq=2)
     micro = batches_of(t, 0, 2)
 
-    def bad_shape(src, prev):
+    def bad_shape(src, prev, **k):
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (6x32 and 64x32)")
 
     monkeypatch.setattr(t.model, "forward", bad_shape)
@@ -827,7 +829,7 @@ def test_an_error_outside_a_collective_keeps_its_own_message_in_a_distributed_ru
     def slow_loss(*args, **kwargs):
         raise RuntimeError("Timed out waiting for the loss kernel")
 
-    monkeypatch.setattr(S, "label_smoothed_cross_entropy", slow_loss)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", slow_loss)
     with ddp_step_of_rank_1_of_2(t) as s, pytest.raises(RuntimeError, match="Timed out waiting for the loss") as e:
         s(micro, 3, LoopFlags())
     assert not isinstance(e.value, D.CollectiveFailed)

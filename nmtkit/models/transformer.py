@@ -11,8 +11,8 @@ Faithful to the paper by default (see docs/model.md for every choice and its sou
   are one matrix (needs a joint vocabulary).
 
 The interface (docs/internals.md) is what training and beam search code against:
-`forward`, `encode`, `new_cache`, `decode_step`, `EncoderOut.index_select`,
-`DecoderCache.index_select`.
+`forward` (with `features_only` and `output_projection` for the training loss), `encode`,
+`new_cache`, `decode_step`, `EncoderOut.index_select`, `DecoderCache.index_select`.
 """
 
 from __future__ import annotations
@@ -453,9 +453,17 @@ class Transformer(nn.Module):
             x = self.decoder_norm(x)
         return self.output_logits(x) if logits else x
 
-    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
-        """(B, S) long, (B, T) long -> logits (B, T, V_tgt) (in the autocast dtype, if any)."""
-        return self.decode(prev_output_tokens, self.encode(src_tokens))
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False) -> Tensor:
+        """(B, S) long, (B, T) long -> logits (B, T, V_tgt) (in the autocast dtype, if any), or with
+        features_only=True the decoder's final hidden states (B, T, D), which the training loss
+        projects itself (`output_projection`) a few positions at a time: the whole batch's
+        (B, T, V_tgt) logits would be the largest tensors of a training step."""
+        return self.decode(prev_output_tokens, self.encode(src_tokens), logits=not features_only)
+
+    def output_projection(self) -> tuple[Tensor, Tensor | None]:
+        """(weight (V_tgt, D), bias (V_tgt,) or None) of the pre-softmax projection: the target
+        embedding itself when tied. output_logits(h) == F.linear(h, weight, bias)."""
+        return self.out_proj.weight, self.out_proj.bias
 
     # ---- attention weights on request ----------------------------------------------------------
     def attention_modules(self, kind: str) -> list[MultiheadAttention]:

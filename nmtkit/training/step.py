@@ -4,7 +4,8 @@ What one update does (K = --update-freq micro-batches on each of W ranks):
   1. sum this rank's target tokens and sentences, and the loop's flags, over ranks -> N (one
      all-reduce);
   2. set the learning rate of update u (1-based) from the schedule;
-  3. forward, label-smoothed loss sum, backward of loss_sum * W / N for each micro-batch (DDP
+  3. forward to the decoder's final states, label-smoothed loss sum of their projection (chunk by
+     chunk: training/loss.py), backward of loss_sum * W / N for each micro-batch (DDP
      averages gradients over ranks, so the result is d(total loss / N) exactly as on one process
      with K * W micro-batches); DDP syncs gradients only on the last micro-batch;
      a collective of the update (ours, or DDP's in its forward and syncing backward) that times
@@ -31,7 +32,7 @@ import torch
 from nmtkit.errors import UserError
 from nmtkit.training import distributed as D
 from nmtkit.training.ema import EMA
-from nmtkit.training.loss import label_smoothed_cross_entropy
+from nmtkit.training.loss import fused_label_smoothed_cross_entropy
 from nmtkit.training.schedule import Schedule
 from nmtkit.training.stopping import LoopFlags, TrainingStopped
 
@@ -122,15 +123,19 @@ class UpdateStep:
         """Accumulate d(loss_sum * scale) over the micro-batches; -> [loss sum, nll sum] (float64)."""
         loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
+        weight, bias = self.objs.model.output_projection()  # (V, D), (V,) or None: the loss projects
         for i, b in enumerate(batches):
             b = b.to(self.device, non_blocking=True)
             last = i == len(batches) - 1
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with sync:
-                with autocast(self.device, self.amp_dtype), self._ddp_collective(where):
-                    logits = self.forward_model(b.src_tokens, b.prev_output_tokens)  # (B, T, V)
-                loss, nll, _ = label_smoothed_cross_entropy(logits, b.target, self.epsilon)
-                del logits
+                with autocast(self.device, self.amp_dtype):  # the loss's matmuls too
+                    with self._ddp_collective(where):
+                        hidden = self.forward_model(b.src_tokens, b.prev_output_tokens,
+                                                    features_only=True)  # (B, T, D)
+                    loss, nll, _ = fused_label_smoothed_cross_entropy(hidden, weight, b.target, self.epsilon,
+                                                                      bias=bias)
+                del hidden
                 with self._ddp_collective(where, runs=last):
                     self.objs.scaler.scale(loss * scale).backward()
             loss_acc += loss.detach().double()

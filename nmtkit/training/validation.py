@@ -22,7 +22,7 @@ import torch
 
 from nmtkit.data.batching import TokenDataset, collate, filter_by_size, make_batches
 from nmtkit.training import distributed as D
-from nmtkit.training.loss import bits_per_token, label_smoothed_cross_entropy, perplexity
+from nmtkit.training.loss import bits_per_token, fused_label_smoothed_cross_entropy, perplexity
 
 
 @dataclass
@@ -66,11 +66,12 @@ class Validator:
         was_training = model.training
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, ntokens
+        weight, bias = model.output_projection()  # (V, D), (V,) or None
         for idx in self.batches:
             b = collate(self.src_ds, self.tgt_ds, idx, self.pad_multiple).to(device)
-            with autocast():
-                logits = model(b.src_tokens, b.prev_output_tokens)  # (B, T, V)
-            loss, nll, n = label_smoothed_cross_entropy(logits, b.target, epsilon)
+            with autocast():  # no (B, T, V) logits: the loss projects a chunk of positions at a time
+                hidden = model(b.src_tokens, b.prev_output_tokens, features_only=True)  # (B, T, D)
+                loss, nll, n = fused_label_smoothed_cross_entropy(hidden, weight, b.target, epsilon, bias=bias)
             sums[0] += loss.double()
             sums[1] += nll.double()
             sums[2] += n

@@ -7,8 +7,9 @@ One training step here = forward, cross-entropy loss (fp32), backward; no optimi
 a realistic shape (sentences of --length tokens on both sides, as length bucketing produces) and
 no padding. Prints one result line (and, with --profile, torch.profiler's top operators).
 
-With --step train the step is the one `nmtkit train` makes: forward under autocast, nmtkit's
-label-smoothed cross-entropy (fp32), backward, the gradient norm (read on the host, as the trainer
+With --step train the step is the one `nmtkit train` makes: forward under autocast to the
+decoder's states, nmtkit's chunked output projection and label-smoothed cross-entropy (softmax
+statistics in fp32, no whole-batch logits), backward, the gradient norm (read on the host, as the trainer
 logs it) and a fused AdamW step.
 
 --tokens takes a comma-separated list searched upward: each size is measured in turn and the
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from nmtkit.models import ArchConfig, Transformer, count_parameters, get_arch
-from nmtkit.training.loss import label_smoothed_cross_entropy
+from nmtkit.training.loss import fused_label_smoothed_cross_entropy
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, in FLOP/s. The first
 # matching pattern of torch.cuda.get_device_name() wins, so specific names come first.
@@ -174,17 +175,23 @@ class Bench:
     def step(self) -> None:
         a = self.a
         src, prev, target = self.batch
-        with torch.autocast(self.dev.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
-            logits = self.step_model(src, prev)  # (B, T, V)
+        autocast = torch.autocast(self.dev.type, dtype=self.amp_dtype or torch.float32,
+                                  enabled=self.amp_dtype is not None)
         if self.optimizer is None:
+            with autocast:
+                logits = self.step_model(src, prev)  # (B, T, V)
             loss = F.cross_entropy(logits.float().view(-1, a.vocab), target.view(-1))
             del logits
             loss.backward()
             for prm in self.params:
                 prm.grad = None
             return
-        loss, _nll, _ = label_smoothed_cross_entropy(logits, target, self.cfg.label_smoothing)
-        del logits
+        with autocast:  # as nmtkit train: decoder states, then the chunked projection and loss
+            hidden = self.step_model(src, prev, features_only=True)  # (B, T, D)
+            weight, bias = self.model.output_projection()
+            loss, _nll, _ = fused_label_smoothed_cross_entropy(hidden, weight, target, self.cfg.label_smoothing,
+                                                               bias=bias)
+        del hidden
         loss.backward()
         grads = [p.grad for p in self.params if p.grad is not None]  # the norm the trainer logs (a sync)
         float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)])))

@@ -17,7 +17,7 @@ import torch
 
 from nmtkit.data.batching import collate
 from nmtkit.training.config import TrainConfig
-from nmtkit.training.loss import label_smoothed_cross_entropy
+from nmtkit.training.loss import fused_label_smoothed_cross_entropy
 from nmtkit.training.step import total_norm as _total_norm
 from nmtkit.training.trainer import Trainer
 
@@ -53,9 +53,10 @@ def main() -> None:
         t0 = time.perf_counter()
         b = collate(t.train_src, t.train_tgt, idx)
         t0 = clock("collate", t0)
-        logits = model(b.src_tokens, b.prev_output_tokens)
+        hidden = model(b.src_tokens, b.prev_output_tokens, features_only=True)  # (B, T, D)
         t0 = clock("forward", t0)
-        loss, _, n = label_smoothed_cross_entropy(logits, b.target, 0.1)
+        weight, bias = model.output_projection()  # the projection is the loss's, as in nmtkit train
+        loss, _, n = fused_label_smoothed_cross_entropy(hidden, weight, b.target, 0.1, bias=bias)
         t0 = clock("loss", t0)
         (loss / n).backward()
         t0 = clock("backward", t0)
