@@ -121,6 +121,36 @@ def _unpickling_reason(e: Exception) -> str:
     return type(e).__name__
 
 
+def _not_torch_file(path: Path) -> str | None:
+    """What the file is when its first bytes show it is no torch file (None: it may be one).
+
+    Why look before torch.load: given a text file (a corpus, a config, a path list), the
+    unpickler reports its first letter as an opcode ("Unsupported operand 69"), which says nothing
+    to the user. A torch file starts with the zip magic (`PK\\x03\\x04`, torch.save's format) or a
+    pickle's protocol byte 0x80 (the legacy format); an empty file or printable UTF-8 text is
+    named as what it is."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:  # torch.load reports it
+        return None
+    if not head:
+        return "an empty file, not a checkpoint"
+    if head.startswith((b"PK\x03\x04", b"\x80")):
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if len(head) < 4096 or e.start < len(head) - 3:  # not a character cut at the end of the block
+            return None
+        text = head[:e.start].decode("utf-8")
+    if not text or not all(c.isprintable() or c in "\t\n\r\f\v" for c in text):
+        return None
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    shown = first if len(first) <= 40 else first[:40] + "..."
+    return "a text file, not a checkpoint" + (f" (it begins with {shown!r})" if first else "")
+
+
 def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
     """torch.load with weights_only=True; an old-format (non-zip) file, which cannot be mapped, is read."""
     try:
@@ -143,6 +173,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     require_exists(path)
     if path.is_dir():
         raise UserError(f"expected a checkpoint file but got a directory: {path}")
+    what = _not_torch_file(path)
+    if what is not None:
+        raise UserError(f"{path}: {what}")
     try:
         state = _torch_load(path, map_location, mmap)
     except pickle.UnpicklingError as e:
@@ -325,8 +358,16 @@ def set_rng_state(state: dict) -> None:
 # compatibility
 
 
+# Architecture fields added after checkpoints were first written: the value that a checkpoint
+# written before the field existed was trained with (what `ArchConfig.from_dict` gives it).
+ABSENT_ARCH_FIELDS = {"scale_embedding": True}
+
+
 def config_differences(a: dict, b: dict) -> list[str]:
-    """Human-readable 'key: a != b' lines for two arch config dicts."""
+    """Human-readable 'key: a != b' lines for two arch config dicts. A field of
+    `ABSENT_ARCH_FIELDS` missing from one has its value there, so that a checkpoint written before
+    the field existed still resumes and averages with newer ones."""
+    a, b = {**ABSENT_ARCH_FIELDS, **a}, {**ABSENT_ARCH_FIELDS, **b}
     keys = sorted(set(a) | set(b))
     return [f"{k}: {a.get(k, '<absent>')!r} != {b.get(k, '<absent>')!r}" for k in keys if a.get(k) != b.get(k)]
 

@@ -62,7 +62,7 @@ def test_crash_mid_save_keeps_previous_file(tmp_path, monkeypatch):
 def test_load_errors_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="not found"):
         ck.load_checkpoint(tmp_path / "nope.pt")
-    (tmp_path / "junk.pt").write_bytes(b"this is not a checkpoint")
+    (tmp_path / "junk.pt").write_bytes(b"\x80\x02this is not a checkpoint")  # a pickle's start, then junk
     with pytest.raises(UserError, match="cannot read checkpoint"):
         ck.load_checkpoint(tmp_path / "junk.pt")
     good = tmp_path / "good.pt"

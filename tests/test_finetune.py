@@ -406,7 +406,7 @@ def test_missing_tensorboard_is_one_line(base, tmp_path, monkeypatch, run_cli):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
     with pytest.raises(UserError) as e:
         T.train(config(data, tmp_path / "run", max_update=1, tensorboard_logdir=str(tmp_path / "tb")))
-    assert str(e.value) == "--tensorboard-logdir needs the tensorboard package: pip install 'nmtkit[tensorboard]'"
+    assert str(e.value) == "--tensorboard-logdir needs the tensorboard package: pip install -e '.[tensorboard]' in the nmtkit checkout"
     r = run_cli("train", data, "--save-dir", tmp_path / "run", "--tensorboard-logdir", tmp_path / "tb")
-    assert r.code == 2 and "pip install 'nmtkit[tensorboard]'" in r.err and "Traceback" not in r.err
+    assert r.code == 2 and "pip install -e '.[tensorboard]' in the nmtkit checkout" in r.err and "Traceback" not in r.err
     assert not (tmp_path / "run").exists() and not (tmp_path / "tb").exists()

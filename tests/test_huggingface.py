@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'nmtkit[hf]'")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install -e '.[hf]' in the nmtkit checkout")
 
 WORDS = "der Hund Katze Haus Baum läuft springt schläft groß klein rot blau ein zwei Mann Frau Kind Straße".split()
 ENGLISH = dict(zip(WORDS, "the dog cat house tree runs jumps sleeps big small red blue a two man woman child street".split()))
@@ -367,7 +367,7 @@ def test_an_imported_marian_exports_back_to_the_same_translations(marian, run_cl
 def test_an_imported_marian_exports_to_ctranslate2(marian, run_cli):
     """The imported model (swish, attention biases, separate vocabularies) exports to CTranslate2,
     whose greedy search gives the checkpoint's hypotheses."""
-    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'nmtkit[ctranslate2]'")
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install -e '.[ctranslate2]' in the nmtkit checkout")
     from nmtkit import Translator
 
     root = marian["root"]
@@ -430,7 +430,7 @@ def test_import_refusals(marian, tmp_path, run_cli):
         for name in ("safetensors", "safetensors.torch"):
             mp.setitem(__import__("sys").modules, name, None)
         r = run_cli("import-hf", str(marian["dir"]), "-o", str(tmp_path / "m3.pt"), "--data-dir", str(tmp_path / "d3"))
-    assert "pip install 'nmtkit[hf]'" in _one_line_error(r)
+    assert "pip install -e '.[hf]' in the nmtkit checkout" in _one_line_error(r)
 
 
 def _add_tensor(d: Path, name: str) -> None:
@@ -472,7 +472,7 @@ def test_export_refusals(task, tmp_path, run_cli, monkeypatch):
             check_data({"source_lang": "de", "target_lang": "en", "subword": {"kind": kind, "files": files}})
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)
     r = run_cli(*base, "--path", str(task["ckpt"]), "--output", str(tmp_path / "c"))
-    assert "pip install 'nmtkit[hf]'" in _one_line_error(r)
+    assert "pip install -e '.[hf]' in the nmtkit checkout" in _one_line_error(r)
     assert not any((tmp_path / n).exists() for n in "abc")
 
 

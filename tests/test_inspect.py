@@ -691,7 +691,7 @@ def test_attention_command_without_matplotlib_says_which_extra(setup, run_cli, t
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     data, ckpt, _, _ = setup
     r = run_cli("attention", data, "--path", ckpt, "--source", "der Hund", "-o", tmp_path / "x.png")
-    assert r.code == 2 and "pip install 'nmtkit[plot]'" in r.err and len(r.err.strip().splitlines()) == 1, r
+    assert r.code == 2 and "pip install -e '.[plot]' in the nmtkit checkout" in r.err and len(r.err.strip().splitlines()) == 1, r
     r = run_cli("attention", data, "--path", ckpt, "--source", "der Hund", "--format", "json", "-o", tmp_path / "x.json")
     assert r.code == 0, r  # arrays need no matplotlib
 

@@ -21,8 +21,8 @@ import torch
 from nmtkit.errors import UserError
 from nmtkit.models.registry import ARCHS, ArchConfig
 
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'nmtkit[onnx]'")
-pytest.importorskip("onnx", reason="onnx is not installed: pip install 'nmtkit[onnx]'")
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install -e '.[onnx]' in the nmtkit checkout")
+pytest.importorskip("onnx", reason="onnx is not installed: pip install -e '.[onnx]' in the nmtkit checkout")
 
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-4
@@ -271,10 +271,10 @@ def test_serve_on_the_export(wm):
 def test_without_the_extra_one_line_says_what_to_install(wm, tmp_path, run_cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     r = run_cli("generate", "--path", wm["out"], "--input", wm["inputs"])
-    assert r.code == 2 and r.err == "nmtkit: error: the ONNX Runtime is not installed: pip install 'nmtkit[onnx]'\n", r
+    assert r.code == 2 and r.err == "nmtkit: error: the ONNX Runtime is not installed: pip install -e '.[onnx]' in the nmtkit checkout\n", r
     monkeypatch.setitem(sys.modules, "onnx", None)
     r = run_cli("export", wm["data"], "--path", wm["ckpt"], "--format", "onnx", "--output", tmp_path / "x")
-    assert r.code == 2 and r.err == "nmtkit: error: the onnx package is not installed: pip install 'nmtkit[onnx]'\n", r
+    assert r.code == 2 and r.err == "nmtkit: error: the onnx package is not installed: pip install -e '.[onnx]' in the nmtkit checkout\n", r
     assert not (tmp_path / "x").exists()
 
 

@@ -38,4 +38,4 @@ def test_plot_cli(tmp_path, run_cli, monkeypatch):
     assert r.code == 2 and "no training log" in r.err
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     r = run_cli("plot", tmp_path)
-    assert r.code == 2 and "pip install 'nmtkit[plot]'" in r.err
+    assert r.code == 2 and "pip install -e '.[plot]' in the nmtkit checkout" in r.err

@@ -474,7 +474,7 @@ def test_missing_extra_is_one_line(monkeypatch, setup, run_cli):  # noqa: F811
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     r = run_cli("serve", data, "--path", ckpt)
     assert r.code == 2
-    assert r.err.strip() == "nmtkit: error: nmtkit serve needs the serve extra (uvicorn is missing): pip install 'nmtkit[serve]'"
+    assert r.err.strip() == "nmtkit: error: nmtkit serve needs the serve extra (uvicorn is missing): pip install -e '.[serve]' in the nmtkit checkout"
 
 
 

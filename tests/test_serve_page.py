@@ -160,7 +160,7 @@ def browser_missing() -> str | None:
     try:
         import selenium  # noqa: F401
     except ImportError:
-        return "the selenium package is not installed (pip install 'nmtkit[ui-test]')"
+        return "the selenium package is not installed (pip install -e '.[ui-test]' in the nmtkit checkout)"
     for exe in ("chromium", "chromedriver"):
         if shutil.which(exe) is None:
             return f"{exe} is not installed (Debian: apt-get install chromium chromium-driver)"

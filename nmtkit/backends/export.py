@@ -100,12 +100,13 @@ def sha256_of(path: str | Path) -> str:
 
 
 def _checkpoint_meta(path: str) -> dict:
-    """What nmtkit.json records of the source checkpoint besides its weights."""
+    """What nmtkit.json records of the source checkpoint besides its weights: its file by name
+    and sha256, never its folder (an export is made to be copied and published)."""
     from nmtkit.checkpoints import load_checkpoint
 
     state = load_checkpoint(path, mmap=True)  # the metadata only: no tensor is read
     meta = {k: state.get(k) for k in ("arch", "update", "epoch", "averaged_from", "data_manifest_id")}
-    return {"file": str(path), "sha256": sha256_of(path), **meta}
+    return {"file": Path(path).name, "sha256": sha256_of(path), **meta}
 
 
 def _description(opts: ExportOptions, runtime: dict, files: list[str], cfg, meta: dict, manifest: dict,

@@ -16,7 +16,7 @@ import os
 
 import typer
 import typer.main
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from nmtkit import __version__
 from nmtkit.settings import fill_optional_values
@@ -48,6 +48,20 @@ class PipeClosed(Exception):
 
     Raised in place of BrokenPipeError because click's `main` turns an EPIPE OSError into
     exit status 1 before `nmtkit.cli.main` could see it."""
+
+
+class _Command(TyperCommand):
+    """A subcommand whose usage line names its arguments as the docs do: `DATA_DIR`, `[DATA_DIR]`,
+    `[CHECKPOINT]...` (typer's own line puts a required one in braces, `{data_dir}`, which reads
+    as a set of choices)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name == "argument":
+                name = p.metavar or p.name.upper()
+                pieces.append((name if p.required else f"[{name}]") + ("..." if p.nargs != 1 else ""))
+        return pieces
 
 
 class _LazyGroup(TyperGroup):
@@ -91,7 +105,14 @@ class _LazyGroup(TyperGroup):
             raise
 
 
-app = typer.Typer(
+class _App(typer.Typer):
+    """The application: its subcommands are `_Command`s unless they ask for another class."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _App(
     cls=_LazyGroup,
     name="nmtkit",
     help="Train and use Transformer encoder-decoder models (Vaswani et al., 2017).",

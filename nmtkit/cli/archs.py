@@ -39,7 +39,7 @@ def _dk(cfg: ArchConfig) -> str:
 
 @app.command("archs")
 def archs(
-    name: Optional[str] = typer.Argument(None, help="Print this architecture's every field."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Print this architecture's every field."),
     vocab: int = typer.Option(
         37000, "--vocab", help="Vocabulary size (source = target) for the parameter counts."
     ),

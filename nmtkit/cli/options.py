@@ -63,7 +63,8 @@ def with_settings(cls: type, *, into: str = "cfg") -> Callable[[Callable[..., An
 def _typer_param(ff: FlagField) -> Any:
     f = ff.flag
     if f.argument:
-        return typer.Argument(ff.cli_default(), help=f.help, show_default=f.show_default)
+        return typer.Argument(ff.cli_default(), help=f.help, show_default=f.show_default,
+                              metavar=f.metavar or f.flag.upper())
     decls = [f"{f.flag}/{f.off_flag}" if f.off_flag else f.flag, *f.aliases]
     return typer.Option(ff.cli_default(), *decls, help=f.help, rich_help_panel=f.panel,
                         show_default=f.show_default, metavar=f.metavar)

@@ -12,7 +12,7 @@ from nmtkit.cli.app import app
 
 @app.command("plot")
 def plot_cmd(
-    save_dir: Path = typer.Argument(..., help="A training --save-dir (or its train_log.jsonl)."),
+    save_dir: Path = typer.Argument(..., metavar="SAVE_DIR", help="A training --save-dir (or its train_log.jsonl)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG to write [default: SAVE_DIR/train_curves.png].", show_default=False),
 ) -> None:
     """Plot loss, perplexity, learning rate and validation curves of a training run."""

@@ -35,7 +35,7 @@ def import_pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UserError("nmtkit attention needs matplotlib for PNG pictures: pip install 'nmtkit[plot]' "
+        raise UserError("nmtkit attention needs matplotlib for PNG pictures: pip install -e '.[plot]' in the nmtkit checkout "
                         "(or --format json / npz)") from None
     return plt
 

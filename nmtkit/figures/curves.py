@@ -3,7 +3,7 @@
 Four panels over the update number: loss (bits per target token: train with and without label
 smoothing, validation without), perplexity (log scale, train and validation), learning rate, and
 validation BLEU when the run used --eval-bleu (target tokens/s otherwise). matplotlib is an
-optional dependency (`pip install 'nmtkit[plot]'`); training never imports it.
+optional dependency (`pip install -e '.[plot]' in the nmtkit checkout`); training never imports it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def plot_training(save_dir: str | os.PathLike, output: str | os.PathLike | None 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UserError("nmtkit plot needs matplotlib: pip install 'nmtkit[plot]' (or pip install matplotlib)") from None
+        raise UserError("nmtkit plot needs matplotlib: pip install -e '.[plot]' in the nmtkit checkout (or pip install matplotlib)") from None
     recs = read_log(log)
     train = [r for r in recs if r.get("type") == "train"]
     valid = [r for r in recs if r.get("type") == "valid"]

@@ -12,7 +12,7 @@ endless stdin streams) and their truncation counter (the summary of over-long in
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -77,7 +77,20 @@ def read_inputs(spec: InputSpec, tr: Translator) -> Inputs:
     if spec.has_terms:
         tr.engine.require_terms()  # before any input is read or output written
         return Inputs(total, term_items(spec, tr, trunc), trunc)
-    return Inputs(total, tr.items(read_lines(spec.text), trunc), trunc)
+    return Inputs(total, tr.items(warn_tabs(read_lines(spec.text), spec, tr.warn), trunc), trunc)
+
+
+def warn_tabs(lines: Iterator[str], spec: InputSpec, warn: Callable[[str], None]) -> Iterator[str]:
+    """The lines unchanged, with one warning at the first that holds a tab: a terminology file
+    (SOURCE<TAB>PHRASE...) given without --constraints would be translated whole, its phrases
+    as source text, without a word."""
+    warned = False
+    for i, line in enumerate(lines):
+        if not warned and "\t" in line:
+            warn(f"{spec.line_name(i)}: the line holds a tab and is translated whole, as source text; "
+                 "if the input is SOURCE<TAB>PHRASE... lines of terms, add --constraints")
+            warned = True
+        yield line
 
 
 def split_items(tr: Translator, split: str, trunc: Truncations) -> tuple[int, Iterator[Item], bool]:

@@ -10,6 +10,7 @@ be combined with, is the one opener's (`nmtkit.backends.registry`); nothing here
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from nmtkit.backends.engine import QUANTIZE_CHOICES, RuntimeOptions
 from nmtkit.backends.registry import ModelSource, check_quantize, describe
@@ -22,8 +23,27 @@ def model_source(opts) -> ModelSource:
     """What the flags' --path is (`describe`): decided and read once per command, then kept on
     the options (`opts.source`), which every later step takes it from."""
     if opts.source is None:
-        opts.source = describe(opts.paths or (), opts.data_dir, ema=opts.ema)
+        opts.paths = split_paths(opts.paths or ())
+        opts.source = describe(opts.paths, opts.data_dir, ema=opts.ema)
     return opts.source
+
+
+def split_paths(paths) -> list[str]:
+    """--path values with fairseq's colon-separated ensembles (`--path a.pt:b.pt`) split, as if
+    each part had its own --path. A value is split only when it is no existing path itself and
+    every part exists; one that is neither is refused, naming the parts not found."""
+    out: list[str] = []
+    for p in paths:
+        parts = str(p).split(":")
+        if len(parts) < 2 or os.path.exists(p):
+            out.append(p)
+            continue
+        missing = [q for q in parts if not q or not os.path.exists(q)]
+        if missing:
+            raise UserError(f"--path {p}: not found; read as fairseq's colon-separated ensemble, "
+                            f"{', '.join(repr(q) for q in missing)} not found either (repeat --path for an ensemble)")
+        out.extend(parts)
+    return out
 
 
 def search_flag_defaults(flags: dict, decoding: str | None, source: ModelSource) -> tuple[dict, str | None]:
@@ -54,9 +74,10 @@ def from_flags(cls, values: dict):
     defaults is kept for the command to print once its model is open."""
     from nmtkit.settings import construct
 
-    source = describe(values["paths"] or (), values["data_dir"], ema=bool(values.get("ema")))
+    paths = split_paths(values["paths"] or ())
+    source = describe(paths, values["data_dir"], ema=bool(values.get("ema")))
     search, note = search_flag_defaults(values["search"], values.get("decoding"), source)
-    return construct(cls, {**values, "search": search, "engine_note": note, "source": source})
+    return construct(cls, {**values, "paths": paths, "search": search, "engine_note": note, "source": source})
 
 
 def print_note(note: str | None) -> None:

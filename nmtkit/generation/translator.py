@@ -47,7 +47,8 @@ from nmtkit.errors import UserError
 from nmtkit.generation import forced
 from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
 from nmtkit.generation.terms import TermMaker
-from nmtkit.search.config import Hypothesis, SearchConfig, Terms, apply_search_settings, check_terms, default_search, output_limit
+from nmtkit.search.config import (DECODING_PRESETS, Hypothesis, SearchConfig, Terms, apply_search_settings, check_terms,
+                                  default_search, output_limit)
 
 
 def check_text(text: str, where: str) -> None:
@@ -63,6 +64,21 @@ def check_text(text: str, where: str) -> None:
         c = ord(text[e.start])
         what = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
         raise UserError(f"{where}: not valid UTF-8 text ({what} at column {e.start + 1})") from None
+
+
+def decoding_settings(settings: dict) -> dict:
+    """A caller's search settings with `decoding` ("paper" or "fairseq", as `--decoding`)
+    replaced by the length penalty and stopping rule it names; a `lenpen_form` or `early_stop`
+    given beside it wins, as a flag given beside `--decoding` does."""
+    if "decoding" not in settings:
+        return settings
+    settings = dict(settings)
+    decoding = settings.pop("decoding")
+    if decoding is None:
+        return settings
+    if not isinstance(decoding, str) or decoding not in DECODING_PRESETS:
+        raise UserError(f"decoding must be one of {', '.join(DECODING_PRESETS)}, got {decoding!r}")
+    return {**DECODING_PRESETS[decoding], **settings}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,8 +156,10 @@ class Translator:
         `warn`: where warnings go (default: stderr). `search_settings`: SearchConfig's fields
         (beam, lenpen, lenpen_form, max_len_a, max_len_b, min_len, no_repeat_ngram_size,
         unk_penalty, nbest, early_stop, sampling, topk, topp, temperature, seed, max_len_cap),
-        the defaults of every later call; `search`: a whole SearchConfig to start from instead
-        of the defaults.
+        the defaults of every later call, and `decoding`, `nmtkit generate --decoding`'s one word
+        for the length penalty and stopping rule: "paper" (lenpen_form gnmt, early_stop bound)
+        or "fairseq" (lenpen_form fairseq, early_stop beam); a lenpen_form or early_stop given
+        beside it wins. `search`: a whole SearchConfig to start from instead of the defaults.
 
         `path` may instead be a directory made by `nmtkit export` (without `data_dir`): it is then
         run by that format's engine (CTranslate2: `nmtkit.backends.ctranslate2.engine`), with the
@@ -170,7 +188,7 @@ class Translator:
         source.check()
         if prepared is None:
             prepared = source.engine.prepare(options, warn)
-        cfg = apply_search_settings(search, search_settings)
+        cfg = apply_search_settings(search, decoding_settings(search_settings))
         source.engine.check_search(cfg)  # before anything is read or loaded
         src_dict, tgt_dict = source.dictionaries()
         tgt_subword = source.subword_model(source.manifest["target_lang"])
@@ -208,8 +226,10 @@ class Translator:
         """The complete SearchConfig a call runs with: the load-time settings with `overrides`,
         the target dictionary's special ids, and the output limit capped by the models' positions.
         An override the engine cannot honour is refused here, in the engine's one line (the
-        load-time settings were checked by `open`)."""
+        load-time settings were checked by `open`). `decoding` ("paper", "fairseq") stands for
+        its lenpen_form and early_stop, as in `load`."""
         cfg = self.search
+        overrides = decoding_settings(overrides)
         if overrides:
             cfg = apply_search_settings(cfg, overrides)
             self.engine.check_search(cfg)

@@ -87,6 +87,8 @@ FIELD_HELP: dict[str, str] = {
     "sinusoid": "sinusoid table: 'paper' (sin/cos interleaved, positions from 0) or 'fairseq' (sin|cos "
     "halves, frequencies over half_dim-1, positions from 2 = fairseq's padding_idx+1)",
     "decoder_start": "first decoder input: 'bos' (<s>, nmtkit) or 'eos' (</s>, as fairseq decodes)",
+    "scale_embedding": "multiply token embeddings by sqrt(d_model) (the paper); off: by 1 (imported models: "
+    "MarianConfig's scale_embedding false)",
     "label_smoothing": "training default: label smoothing eps_ls",
     "warmup_steps": "training default: learning-rate warmup steps",
 }
@@ -116,6 +118,7 @@ class ArchConfig:
     attention_bias: bool = False
     sinusoid: str = "paper"
     decoder_start: str = "bos"
+    scale_embedding: bool = True
     label_smoothing: float = 0.1
     warmup_steps: int = 4000
 

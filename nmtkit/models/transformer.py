@@ -350,7 +350,7 @@ class Transformer(nn.Module):
         self.cfg, self.pad_idx = cfg, pad_idx
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         d = cfg.d_model
-        self.embed_scale = math.sqrt(d)
+        self.embed_scale = math.sqrt(d) if cfg.scale_embedding else 1.0  # imported models may have 1
 
         self.tgt_embed = self._embedding(tgt_vocab_size, d, pad_idx)
         self.src_embed = (self.tgt_embed if cfg.share_embeddings == "all"

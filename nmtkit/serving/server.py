@@ -58,7 +58,7 @@ def require_extra() -> None:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise UserError(f"nmtkit serve needs the serve extra ({e.name} is missing): pip install 'nmtkit[serve]'") from None
+        raise UserError(f"nmtkit serve needs the serve extra ({e.name} is missing): pip install -e '.[serve]' in the nmtkit checkout") from None
 
 
 def path_sha256(path: str) -> str:

@@ -97,7 +97,7 @@ def require_tensorboard():
     except ImportError:
         from nmtkit.errors import UserError
 
-        raise UserError("--tensorboard-logdir needs the tensorboard package: pip install 'nmtkit[tensorboard]'") from None
+        raise UserError("--tensorboard-logdir needs the tensorboard package: pip install -e '.[tensorboard]' in the nmtkit checkout") from None
     return SummaryWriter
 
 

@@ -321,7 +321,7 @@ def attack_bounds(s: Setup) -> Iterator[Row]:
         ("2d", [*NMTKIT, "export", s.data, "--path", s.nan, "-o", exports / "nan"], exports / "nan"),
     ]:
         if out is not None and not runtime_installed():
-            yield Row(rid, NOT_AVAILABLE, "nmtkit export needs ctranslate2 (pip install 'nmtkit[ctranslate2]')")
+            yield Row(rid, NOT_AVAILABLE, "nmtkit export needs ctranslate2 (pip install -e '.[ctranslate2]' in the nmtkit checkout)")
             continue
         d = run(cmd, timeout=90)
         wrong = refused_in_one_line(d)
@@ -375,7 +375,7 @@ def hidden(folder: Path) -> list[str]:
 def attack_killed_export(s: Setup) -> Iterator[Row]:
     if not runtime_installed():
         for rid in ("3a", "3b"):
-            yield Row(rid, NOT_AVAILABLE, "nmtkit export needs ctranslate2 (pip install 'nmtkit[ctranslate2]')")
+            yield Row(rid, NOT_AVAILABLE, "nmtkit export needs ctranslate2 (pip install -e '.[ctranslate2]' in the nmtkit checkout)")
         return
     exports = s.root / "exports"
     exports.mkdir()
@@ -508,7 +508,7 @@ def attack_server(s: Setup) -> Iterator[Row]:
         import uvicorn  # noqa: F401
     except ImportError:
         for rid in ("4a", "4b", "4c", "4d", "4e", "4f"):
-            yield Row(rid, NOT_AVAILABLE, "nmtkit serve needs the serve extra (pip install 'nmtkit[serve]')")
+            yield Row(rid, NOT_AVAILABLE, "nmtkit serve needs the serve extra (pip install -e '.[serve]' in the nmtkit checkout)")
         return
     flags = help_of("serve")
     graceful = "--graceful-timeout" in flags

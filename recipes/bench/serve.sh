@@ -21,7 +21,7 @@
 #   BENCH_DIR=DIR      where results.json goes (default: ./runs/bench_serve)
 #   OMP_WAIT_POLICY=PASSIVE  set it when the machine is busy with other work (docs/generate.md, Speed)
 #
-# Needs the serve extra (pip install 'nmtkit[serve]'); the clients use the standard library.
+# Needs the serve extra (pip install -e '.[serve]' in the nmtkit checkout); the clients use the standard library.
 # Figures and how to read them: docs/serve.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

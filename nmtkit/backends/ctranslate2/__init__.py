@@ -2,5 +2,5 @@
 
 An export directory (`nmtkit export --format ctranslate2`) holds CTranslate2's model.bin and
 vocabularies beside nmtkit's dictionaries, subword models and `nmtkit.json`
-(`nmtkit.backends.directory`). Needs the `ctranslate2` extra: pip install 'nmtkit[ctranslate2]'.
+(`nmtkit.backends.directory`). Needs the `ctranslate2` extra: pip install -e '.[ctranslate2]' in the nmtkit checkout.
 """

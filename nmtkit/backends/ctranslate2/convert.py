@@ -36,7 +36,7 @@ import numpy as np
 
 from nmtkit.errors import UserError, first_line
 
-INSTALL_HINT = "pip install 'nmtkit[ctranslate2]'"
+INSTALL_HINT = "pip install -e '.[ctranslate2]' in the nmtkit checkout"
 # Converter.convert's quantization names (`nmtkit export --quantization`).
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmtkit's model uses

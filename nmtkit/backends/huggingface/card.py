@@ -9,6 +9,7 @@ copied with its sacreBLEU signature, which says how it was computed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -54,16 +55,23 @@ def _data_lines(m: dict) -> tuple[str, str]:
     return (f"{parent}/{name}" if parent else name), size
 
 
+def file_name(path: str) -> str:
+    """A path as the card shows it: its last component only (a card is published, and the
+    folders of the exporting machine are nobody's business); `.` is the folder's own name."""
+    return Path(os.path.abspath(path)).name
+
+
 def export_command(opts) -> str:
-    """The `nmtkit export` command line of `opts` (the flags that shape the result)."""
-    args = ["nmtkit", "export", opts.data_dir, "--path", opts.path, "--format", opts.format,
-            "--output", opts.output]
+    """The `nmtkit export` command line of `opts` (the flags that shape the result), each path
+    by its name alone (`file_name`)."""
+    args = ["nmtkit", "export", file_name(opts.data_dir), "--path", file_name(opts.path), "--format", opts.format,
+            "--output", file_name(opts.output)]
     if opts.quantization != "float32":
         args += ["--quantization", opts.quantization]
     if opts.ema:
         args.append("--ema")
     if opts.score_file:
-        args += ["--score-file", opts.score_file]
+        args += ["--score-file", file_name(opts.score_file)]
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
@@ -72,7 +80,7 @@ def _front_matter(ctx, bleu) -> list[str]:
     out = ["---", "language:", f"- {src}", f"- {tgt}", "library_name: transformers", "pipeline_tag: translation",
            "tags:", "- translation", "- marian", "- nmtkit"]
     if bleu is not None:
-        out += ["model-index:", f"- name: {Path(ctx.opts.output).name}", "  results:",
+        out += ["model-index:", f"- name: {file_name(ctx.opts.output)}", "  results:",
                 "  - task:", "      type: translation", f"      name: Translation {src}-{tgt}",
                 "    metrics:", "    - type: bleu", f"      value: {bleu[0]}", "      name: BLEU",
                 f"      args: {json.dumps(bleu[1])}"]
@@ -99,6 +107,7 @@ def model_card(ctx) -> str:
         + (", EMA weights" if ctx.opts.ema else ""),
         f"- subword model: sentencepiece ({m['subword'].get('vocab_size', '?')} pieces"
         + (", joint" if m["subword"].get("joint") else "") + ")",
+        f"- checkpoint: {file_name(ctx.opts.path)} (sha256 {meta['sha256']})",
         f"- exported by: `{command}`",
     ]
     if bleu is not None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from nmtkit.errors import UserError
 
-INSTALL_HINT = "pip install 'nmtkit[hf]'"
+INSTALL_HINT = "pip install -e '.[hf]' in the nmtkit checkout"
 # the weight type of model.safetensors (transformers casts on load with dtype=...)
 QUANTIZATIONS = ("float32", "float16", "bfloat16")
 TAKES_SCORE_FILE = True  # `--score-file`: the model card reports that BLEU and its signature
@@ -53,7 +53,7 @@ def import_runtime():
 HANDLED_FIELDS = frozenset({
     "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v", "normalize_before",
     "learned_pos", "share_embeddings", "max_source_positions", "max_target_positions",
-    "activation", "attention_bias", "sinusoid", "decoder_start",
+    "activation", "attention_bias", "sinusoid", "decoder_start", "scale_embedding",
     "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
 })
 
@@ -100,7 +100,7 @@ def marian_config(cfg, src_size: int, tgt_size: int) -> dict:
         "encoder_attention_heads": cfg.heads, "decoder_attention_heads": cfg.heads,
         "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff, "activation_function": cfg.activation,
         "max_position_embeddings": max(cfg.max_source_positions, cfg.max_target_positions),
-        "scale_embedding": True, "normalize_embedding": False, "static_position_embeddings": True,
+        "scale_embedding": cfg.scale_embedding, "normalize_embedding": False, "static_position_embeddings": True,
         "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout,
         "activation_dropout": cfg.activation_dropout,
         "pad_token_id": 0, "bos_token_id": 1, "decoder_start_token_id": 1, "eos_token_id": 2,

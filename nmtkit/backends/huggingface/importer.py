@@ -16,8 +16,8 @@ are unknown), the sentencepiece model(s) and a manifest without splits: `nmtkit 
 
 Refused in one line naming the file and the setting: a folder that is not MarianMT, missing
 files, pre-norm or extra layer norms (`normalize_before`, `normalize_embedding`,
-`add_final_layer_norm`, or any weight the mapping does not know), unscaled embeddings, position
-tables other than MarianMT's sinusoids, an output bias, an activation nmtkit does not have, and
+`add_final_layer_norm`, or any weight the mapping does not know), position tables other than
+MarianMT's sinusoids, an output bias, an activation nmtkit does not have, and
 encoder and decoder of different widths.
 """
 
@@ -37,14 +37,13 @@ from nmtkit.settings import setting
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 # MarianConfig flags that would add what nmtkit's model does not have (the value refused; a flag
-# missing from config.json has MarianConfig's default: scale_embedding's is false)
+# missing from config.json has MarianConfig's default)
 _REFUSED_FLAGS = {
     "normalize_before": (True, "pre-norm (normalize_before)"),
     "encoder_normalize_before": (True, "pre-norm (encoder_normalize_before)"),
     "decoder_normalize_before": (True, "pre-norm (decoder_normalize_before)"),
     "normalize_embedding": (True, "a layer norm on the embeddings (normalize_embedding)"),
     "add_final_layer_norm": (True, "a final layer norm (add_final_layer_norm)"),
-    "scale_embedding": (False, "unscaled embeddings (scale_embedding false)"),
     "static_position_embeddings": (False, "learned positions (static_position_embeddings false)"),
 }
 LANG_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -100,7 +99,7 @@ def _weights(d: Path) -> dict[str, torch.Tensor]:
         try:
             from safetensors.torch import load_file
         except ImportError:
-            raise UserError(f"{st}: reading it needs safetensors: pip install 'nmtkit[hf]'") from None
+            raise UserError(f"{st}: reading it needs safetensors: pip install -e '.[hf]' in the nmtkit checkout") from None
     path = st if st.is_file() else pt
     if not path.is_file():
         raise UserError(f"{d}: no model.safetensors or pytorch_model.bin; not a MarianMT folder")
@@ -178,7 +177,7 @@ def read_folder(opts: ImportOptions) -> Folder:
 def check_config(config: dict, where: Path) -> None:
     """Refuse a MarianConfig whose model nmtkit's Transformer cannot compute, naming the field."""
     for key, (bad, what) in _REFUSED_FLAGS.items():
-        if config.get(key, False if key == "scale_embedding" else not bad) == bad:
+        if config.get(key, not bad) == bad:
             raise UserError(f"{where}: {what} is not supported by nmtkit's post-norm Transformer")
     act = config.get("activation_function", "gelu")
     if not isinstance(act, str) or act not in ACTIVATIONS:
@@ -325,6 +324,7 @@ def arch_config(f: Folder, share: str, attention_bias: bool):
             activation_dropout=_float(c, "activation_dropout", 0.0, where), share_embeddings=share,
             max_source_positions=positions, max_target_positions=positions,
             activation=ACTIVATIONS[c.get("activation_function", "gelu")], attention_bias=attention_bias,
+            scale_embedding=c.get("scale_embedding", False),  # MarianConfig's default: unscaled
         ).validate()
     except (TypeError, ValueError, UserError) as e:
         raise UserError(f"{where}: {e}") from None
@@ -460,8 +460,9 @@ class ImportResult:
 
     def line(self) -> str:
         c = self.cfg
+        scale = "" if c.scale_embedding else "unscaled embeddings, "
         return (f"imported {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, {c.activation}, "
-                f"share_embeddings {c.share_embeddings}, {self.langs[0]}->{self.langs[1]} "
+                f"{scale}share_embeddings {c.share_embeddings}, {self.langs[0]}->{self.langs[1]} "
                 f"(vocabularies {self.sizes[0]} / {self.sizes[1]}) -> {self.output} and {self.data_dir}")
 
 

@@ -1,8 +1,9 @@
 """The one weight mapping between nmtkit's Transformer and `transformers`' MarianMTModel, both ways.
 
 Why exact: the two models compute the same function up to a fixed permutation of the model
-dimension. MarianMT is a post-norm Transformer with token embeddings scaled by sqrt(d_model) and
-sinusoidal positions counted from 0, as nmtkit's; only the layout of the position table differs:
+dimension. MarianMT is a post-norm Transformer with token embeddings scaled by sqrt(d_model) (or
+by 1: `scale_embedding`, nmtkit's field of the same name) and sinusoidal positions counted from 0,
+as nmtkit's; only the layout of the position table differs:
 nmtkit interleaves (column 2i = sin, 2i+1 = cos of the same angle), MarianMT puts every sin first
 (column i = sin, column ceil(D/2) + i = cos; `MarianSinusoidalPositionalEmbedding.create_weight`).
 With `PERM = [0, 2, 4, ..., 1, 3, 5, ...]`, MarianMT's table is nmtkit's `table[:, PERM]`. Renaming

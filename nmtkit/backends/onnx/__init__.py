@@ -4,5 +4,5 @@ An export directory (`nmtkit export --format onnx`) holds `encoder.onnx` and `de
 (a decoder step with its caches as inputs and outputs) beside nmtkit's dictionaries, subword
 models and `nmtkit.json` (`nmtkit.backends.directory`); docs/export.md gives the graphs' inputs
 and outputs. The engine searches with numpy (`nmtkit.search.arrays`) and imports no torch.
-Needs the `onnx` extra: pip install 'nmtkit[onnx]'.
+Needs the `onnx` extra: pip install -e '.[onnx]' in the nmtkit checkout.
 """

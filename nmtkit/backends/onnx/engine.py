@@ -31,7 +31,7 @@ from nmtkit.device import parse_device
 from nmtkit.errors import UserError, first_line
 from nmtkit.search.config import Hypothesis, SearchConfig
 
-INSTALL_HINT = "pip install 'nmtkit[onnx]'"
+INSTALL_HINT = "pip install -e '.[onnx]' in the nmtkit checkout"
 # the graphs of an export directory; written by convert.py, which builds on this runtime side
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 
