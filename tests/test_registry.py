@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -75,12 +77,110 @@ def test_table3_variant_differs_from_base_exactly_as_the_paper_says(name):
 
 def test_every_entry_is_valid_and_documented():
     assert set(ARCHS) == set(ARCH_NOTES)
-    assert len(ARCHS) == 5 + len(TABLE3)
+    assert len(ARCHS) == 5 + len(TABLE3) + len(STUDENTS)
     for name, cfg in ARCHS.items():
         assert cfg.validate() is cfg
         assert ARCH_NOTES[name]
         assert ArchConfig.from_dict(cfg.to_dict()) == cfg  # checkpoint round trip
     assert set(FIELD_HELP) == {f.name for f in dataclasses.fields(ArchConfig)}
+
+
+# ---- students ---------------------------------------------------------------------------------------
+
+# name -> (encoder layers, decoder layers, d_model, d_ff, heads, dropout, label smoothing, warmup)
+STUDENTS = {
+    "transformer_student_6_1": (6, 1, 512, 2048, 8, 0.1, 0.1, 4000),
+    "transformer_student_12_1": (12, 1, 512, 2048, 8, 0.1, 0.1, 4000),
+    "transformer_student_tiny": (6, 2, 256, 1536, 8, 0.0, 0.0, 16000),
+}
+
+
+@pytest.mark.parametrize("name", list(STUDENTS))
+def test_student_shapes(name):
+    cfg = get_arch(name)
+    got = (cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff, cfg.heads, cfg.dropout,
+           cfg.label_smoothing, cfg.warmup_steps)
+    assert got == STUDENTS[name]
+    # every other field as base: post-norm, sinusoids, ReLU, no attention biases, all embeddings tied
+    shaped = {"encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "dropout", "label_smoothing",
+              "warmup_steps"}
+    for f in dataclasses.fields(ArchConfig):
+        if f.name not in shaped:
+            assert getattr(cfg, f.name) == getattr(BASE, f.name), (name, f.name)
+    assert cfg.head_dim_k == cfg.head_dim_v == cfg.d_model // 8
+
+
+def _hand_count(vocab: int, enc: int, dec: int, d: int, ff: int) -> int:
+    """Parameters of a post-norm model with bias-free attention and one tied embedding matrix."""
+    attention = 4 * d * d  # W^Q, W^K, W^V, W^O, each d x d (h heads of d/h)
+    feed_forward = d * ff + ff + ff * d + d  # W1, b1, W2, b2
+    layer_norm = 2 * d  # gain and bias
+    encoder_layer = attention + feed_forward + 2 * layer_norm
+    decoder_layer = 2 * attention + feed_forward + 3 * layer_norm  # self- and cross-attention
+    return vocab * d + enc * encoder_layer + dec * decoder_layer
+
+
+@pytest.mark.parametrize("vocab", [32000, 8000])
+def test_student_parameter_counts_match_the_hand_count(vocab):
+    from nmtkit.models import count_parameters
+
+    assert count_parameters(get_arch("transformer_student_6_1"), vocab) == _hand_count(vocab, 6, 1, 512, 2048)
+    assert count_parameters(get_arch("transformer_student_12_1"), vocab) == _hand_count(vocab, 12, 1, 512, 2048)
+    assert count_parameters(get_arch("transformer_student_tiny"), vocab) == _hand_count(vocab, 6, 2, 256, 1536)
+    # the per-layer figures written out for one student: d 256, d_ff 1536
+    assert _hand_count(0, 1, 0, 256, 1536) == 262_144 + 788_224 + 1_024
+    assert _hand_count(0, 0, 1, 256, 1536) == 524_288 + 788_224 + 1_536
+
+
+@pytest.mark.parametrize("name", list(STUDENTS))
+def test_student_runs_a_forward_pass(name):
+    import torch
+
+    from nmtkit.models import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(get_arch(name), 11, 11).eval()
+    src = torch.tensor([[4, 5, 6, 7, 2], [8, 9, 2, 0, 0]])  # (B=2, S=5): </s> = 2, <pad> = 0
+    tgt = torch.tensor([[1, 4, 5], [1, 8, 10]])  # (B=2, T=3), from <s> = 1
+    with torch.no_grad():
+        logits = model(src, tgt)  # (B, T, V)
+    assert logits.shape == (2, 3, 11) and torch.isfinite(logits).all()
+    assert len(model.encoder_layers) == STUDENTS[name][0] and len(model.decoder_layers) == STUDENTS[name][1]
+
+
+# ---- docs/archs.md ----------------------------------------------------------------------------------
+
+ARCHS_DOC = Path(__file__).resolve().parents[1] / "docs" / "archs.md"
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_archs_doc_lists_exactly_the_registry():
+    """The entries table names every architecture once; `_x` after a full name is short for
+    transformer_base_x, as the table writes the Table 3 rows."""
+    named = []
+    for line in _section(ARCHS_DOC.read_text(encoding="utf-8"), "The entries").splitlines():
+        if line.startswith("| `"):
+            for name in re.findall(r"`([a-z0-9_]+)`", line.split("|")[1]):
+                named.append("transformer_base" + name if name.startswith("_") else name)
+    assert sorted(named) == sorted(ARCHS)
+
+
+def test_archs_doc_student_parameter_counts_are_the_models():
+    from nmtkit.models import count_parameters
+
+    rows = {}
+    for line in _section(ARCHS_DOC.read_text(encoding="utf-8"), "Students").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 7:
+            rows[cells[0].strip("`")] = (int(cells[5].replace(",", "")), int(cells[6].replace(",", "")))
+    assert set(rows) == set(STUDENTS)
+    for name, counts in rows.items():
+        assert counts == (count_parameters(get_arch(name), 32000), count_parameters(get_arch(name), 8000))
 
 
 def test_get_arch_typo_lists_close_names():

@@ -1,4 +1,4 @@
-"""`ArchConfig` and the named architectures (the paper's Table 3 and the parsing model).
+"""`ArchConfig` and the named architectures (Table 3, the parsing model, distillation students).
 
 Why a registry of frozen dataclasses: every experiment of the paper is "base, with one thing
 changed". A named, immutable config makes each of them one `--arch NAME`, is stored verbatim in
@@ -402,6 +402,24 @@ _ENTRIES: dict[str, tuple[ArchConfig, str]] = {
     "transformer_base_ls0_2": _table3("D", "eps_ls=0.2", "25.7", label_smoothing=0.2),
     # (E) positions
     "transformer_base_learned_pos": _table3("E", "learned positional embedding", "25.7", learned_pos=True),
+    # Students for distillation and CPU decoding: a decoder runs once per output token, an encoder
+    # once per sentence, so layers moved from the decoder to the encoder cost little at decoding.
+    "transformer_student_6_1": (
+        BASE.replace(decoder_layers=1),
+        "not in the paper: student, base with a 1-layer decoder (Kasai et al. 2021: 6-1)",
+    ),
+    "transformer_student_12_1": (
+        BASE.replace(encoder_layers=12, decoder_layers=1),
+        "not in the paper: student, base widths, 12+1 layers (Kasai et al. 2021: 12-1)",
+    ),
+    # Bergamot's student.tiny11 (browsermt/students): post-norm, ReLU, sinusoids, all embeddings
+    # tied, trained without dropout or label smoothing, warmup 16000. Its decoder's SSRU is a
+    # standard self-attention sub-layer here; its attention biases are left out, as in every entry.
+    "transformer_student_tiny": (
+        BASE.replace(encoder_layers=6, decoder_layers=2, d_model=256, d_ff=1536, heads=8,
+                     dropout=0.0, label_smoothing=0.0, warmup_steps=16000),
+        "not in the paper: student, Bergamot's tiny11 (its SSRU decoder as self-attention)",
+    ),
 }
 
 ARCHS: dict[str, ArchConfig] = {name: cfg for name, (cfg, _) in _ENTRIES.items()}
