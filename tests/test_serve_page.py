@@ -323,3 +323,26 @@ def test_terminology_typed_on_the_page_reaches_the_search(browser, served, trans
     browser.find_element(By.ID, "constraints").send_keys(must + "\n")
     browser.find_element(By.ID, "avoid").send_keys(avoid)
     assert translate_on_page(browser, url, "\n".join(sentences), reload=False) == expect
+
+
+def test_every_header_of_the_page_and_the_api_is_the_documented_one(served):
+    """The whole header set, not a few names: the page's policy rebuilt here from its own inline
+    blocks, and the API's JSON answers (an answer, an error) with no header beyond the plain ones."""
+    url, _, _ = served
+    r = httpx.get(f"{url}/")
+    html = r.text
+    digest = {kind: base64.b64encode(hashlib.sha256(re.search(rf"<{kind}>(.*?)</{kind}>", html, re.S)
+                                                     .group(1).encode()).digest()).decode()
+              for kind in ("script", "style")}
+    csp = ("default-src 'none'; connect-src 'self'; img-src 'self' data:; "
+           f"script-src 'sha256-{digest['script']}'; style-src 'sha256-{digest['style']}'; "
+           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    plain = {"date", "server", "content-length"}  # present on every answer; their values vary
+    assert {k: v for k, v in r.headers.items() if k not in plain} == {
+        "content-security-policy": csp, "x-content-type-options": "nosniff", "referrer-policy": "no-referrer",
+        "cache-control": "no-cache", "content-type": "text/html; charset=utf-8"}
+    assert plain - {"server"} <= set(r.headers)
+    for answer in (httpx.post(f"{url}/translate", json={"text": ["Ein Hund ."]}, timeout=60),
+                   httpx.post(f"{url}/translate", json={"texts": ["a"]}, timeout=60)):
+        assert answer.status_code in (200, 400)
+        assert {k: v for k, v in answer.headers.items() if k not in plain} == {"content-type": "application/json"}
