@@ -347,3 +347,36 @@ def test_a_parsing_export_gives_native_trees(tmp_path, run_cli):
     assert mine.out.startswith("(TOP (NP (NP ")  # the favoured brackets, repaired
     assert Translator.load(out, threads=1).search.max_len_b == 300
 
+
+
+@pytest.mark.parametrize("engine", ["onnx", "ctranslate2"])
+def test_sources_below_at_and_above_the_position_limit_as_native(wm, tmp_path, run_cli, engine):
+    """The model takes 39 source tokens (40 positions, </s> the last): a source of 38 or 39 is
+    translated whole, one of 40 or 60 is cut to 39 with the same warning; every engine gives
+    native's hypotheses (scores within TOL) and warnings for each."""
+    from nmtkit import Translator
+
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install -e '.[ctranslate2]' "
+                                                  "in the nmtkit checkout")
+        out = tmp_path / "ct2"
+        r = run_cli("export", wm["data"], "--path", wm["ckpt"], "--output", out)
+        assert r.code == 0, r
+    else:
+        out = wm["out"]
+    rng = np.random.default_rng(3)
+    texts = [" ".join(f"w{i}" for i in rng.integers(0, 10, n)) for n in (38, 39, 40, 60)]
+    settings = dict(threads=1, lenpen_form="fairseq", early_stop="beam", max_len_b=5)
+    got = {}
+    for name, path, data in (("native", wm["ckpt"], wm["data"]), (engine, out, None)):
+        warnings: list[str] = []
+        tr = Translator.load(path, data, warn=warnings.append, **settings)
+        assert tr.max_source_tokens == 39, name
+        got[name] = (tr.translate_nbest(texts, beam=1), warnings)  # greedy: the same rule at the output limit
+    (native, native_warnings), (other, other_warnings) = got["native"], got[engine]
+    assert native_warnings == other_warnings and len(native_warnings) == 2, (native_warnings, other_warnings)
+    assert native_warnings[0].startswith("sentence 3: ") and "truncated to 39" in native_warnings[0]
+    for x, y in zip(native, other):
+        assert [t.hypothesis.tokens for t in x] == [t.hypothesis.tokens for t in y]
+        assert [t.score for t in x] == pytest.approx([t.score for t in y], abs=TOL)
+    assert any(t.text for row in other for t in row)  # guard: the model does translate
