@@ -3,7 +3,7 @@
 # The run.sh scripts hold every setting (see their top); this file only turns settings into
 # commands:
 #   download    fetch the statmt.org archives into DOWNLOAD_DIR, verify their md5 (SMOKE: check the
-#               ../shared/data/wmt14 files instead; nothing is downloaded)
+#               $NMTKIT_SHARED/data/wmt14 files instead, docs/testing.md "The real data"; nothing is downloaded)
 #   prepare     extract the corpora, concatenate them into RAW_DIR/train.{SRC,TGT} (pairs with
 #               invalid UTF-8 dropped, non-printing characters -> spaces, as Moses'
 #               remove-non-printing-char.perl), newstest2013 -> valid, newstest2014 (full, 3003
@@ -134,7 +134,7 @@ stage_download() {
         # SMOKE stands the shared newstest files in for the corpora: nothing is downloaded.
         local f
         for f in "${SMOKE_FILES[@]}"; do
-            [ -f "$SHARED_WMT14/$f" ] || die "SMOKE=1 needs $SHARED_WMT14/$f (set NMTKIT_SHARED to the shared/ folder)"
+            [ -f "$SHARED_WMT14/$f" ] || die "SMOKE=1 needs $SHARED_WMT14/$f (set NMTKIT_SHARED to a folder laid out as docs/testing.md, 'The real data', describes)"
             STAGE_OUTPUTS+=("$SHARED_WMT14/$f")
         done
         return 0

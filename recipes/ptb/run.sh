@@ -28,7 +28,7 @@ RECIPE_NAME=ptb
 . recipes/lib/env.sh
 
 # ---------------------------------------------------------------- settings (all of them) -------
-SMOKE=${SMOKE:-0}                   # 1: CPU smoke run on the NLTK sample in ../shared/data/ptb
+SMOKE=${SMOKE:-0}                   # 1: CPU smoke run on the NLTK sample in $NMTKIT_SHARED/data/ptb (docs/testing.md)
 SAMPLE=${SAMPLE:-0}                 # 1: the small-data setting on that sample (a real F1, ~20 min CPU)
 m() {                               # m SMOKE_VALUE SAMPLE_VALUE FULL_VALUE
     if [ "$SMOKE" = 1 ]; then echo "$1"; elif [ "$SAMPLE" = 1 ]; then echo "$2"; else echo "$3"; fi
@@ -122,7 +122,7 @@ ptb_setup() {
     # Then the files: a mistake in the settings is named even where the data is missing.
     if [ -n "$SILVER" ] && [ ! -e "$SILVER" ]; then die "SILVER=$SILVER: no such file"; fi
     if [ "$TREEBANK" = "$SMOKE_TREEBANK" ]; then
-        [ -f "$TREEBANK" ] || die "SMOKE=1 and SAMPLE=1 need $TREEBANK (set NMTKIT_SHARED to the shared/ folder)"
+        [ -f "$TREEBANK" ] || die "SMOKE=1 and SAMPLE=1 need $TREEBANK (set NMTKIT_SHARED to a folder laid out as docs/testing.md, 'The real data', describes)"
     else
         [ -d "$PTB_DIR" ] || die "PTB_DIR=$PTB_DIR is not a folder"
     fi
