@@ -103,7 +103,7 @@ def test_an_imported_model_exported_gives_fairseq_generates_hypotheses(fmt, fixt
     fairseq converter does) and ONNX Runtime under the numpy search (attention biases, fairseq's
     sinusoids, </s> first, GELU in the graphs) give fairseq-generate's hypotheses and scores."""
     pytest.importorskip({"ctranslate2": "ctranslate2", "onnx": "onnxruntime"}[fmt],
-                        reason=f"the {fmt} extra is not installed: pip install 'nmtkit[{fmt}]'")
+                        reason=f"the {fmt} extra is not installed: pip install -e '.[{fmt}]' in the nmtkit checkout")
     from nmtkit.backends.export import ExportOptions, export
 
     ckpt, data = run_import(tmp_path, fixture, **FIXTURE_FLAGS[fixture])
