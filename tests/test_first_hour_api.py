@@ -181,8 +181,8 @@ def test_a_text_file_given_as_a_checkpoint_is_named_as_one(setup, src_file, tmp_
     err = [line for line in r.err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].endswith(f"{src_file}: a text file, not a checkpoint (it begins with 'der Hund läuft')"), r.err
     long = tmp_path / "long.txt"
-    long.write_text("Ä" * 3000 + "\n", encoding="utf-8")  # a character cut at the end of the first block
-    with pytest.raises(UserError, match=r": a text file, not a checkpoint \(it begins with 'Ä{40}\.\.\.'\)$"):
+    long.write_text("€" * 2000 + "\n", encoding="utf-8")  # 3 bytes each: one is cut at byte 4096, the block's end
+    with pytest.raises(UserError, match=r": a text file, not a checkpoint \(it begins with '€{40}\.\.\.'\)$"):
         ck.load_checkpoint(long)
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")
