@@ -10,7 +10,7 @@
 #
 #   --seconds S        the load after the warm-up (default 600)
 #   --warmup S         seconds of the same load first, before the start's RSS and descriptors are
-#                      read (default: a tenth of --seconds, 2 to 30)
+#                      read (default: a quarter of --seconds, 2 to 150: the RSS settles first)
 #   --path CKPT DATA   the model (default: a random 1+1-layer model of a word-mapping data directory,
 #                      recipes/bench/faults.py's set-up, in a temporary folder)
 #   --input FILE       the sentences sent (the first --pool non-empty lines, .gz allowed); needed with --path
