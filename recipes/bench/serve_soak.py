@@ -552,6 +552,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.path and not args.input:
         ap.error("--path needs --input FILE: the source sentences to send")
+    if args.seconds <= 0 or (args.warmup is not None and args.warmup < 0) or args.clients < 1 or args.threads < 0:
+        ap.error("--seconds must be > 0, --warmup >= 0, --clients >= 1 and --threads >= 0")
     for name in filter(None, [args.input, *(args.path or [])]):
         if not Path(name).exists():
             ap.error(f"{name} does not exist")
