@@ -114,6 +114,22 @@ class DiskFullError(UserError):
         super().__init__(f"{'disk quota exceeded' if quota else 'no space left on device'} while writing {path}")
 
 
+def count_lines(path: str, exact: bool = False) -> int | None:
+    """Lines of a text file as `read_lines` reads them, counted in its bytes. A .gz file is read
+    through only when the count must be `exact` (else None: the progress bar's total is not worth
+    a pass); so is a path that is no file, which `read_lines` then reports."""
+    p = Path(path)
+    if p.suffix == ".gz" or not p.is_file():
+        return sum(1 for _ in read_lines(path)) if exact else None
+    n = 0
+    last = b"\n"
+    with open(p, "rb") as fh:
+        while block := fh.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (0 if last == b"\n" else 1)
+
+
 def is_disk_full(err: BaseException) -> bool:
     """True for the OSErrors of a full disk or quota (ENOSPC, EDQUOT)."""
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))

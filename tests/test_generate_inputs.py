@@ -8,7 +8,8 @@ import gzip
 import pytest
 
 from nmtkit.errors import UserError
-from nmtkit.generation.inputs import InputSpec, count_lines
+from nmtkit.generation.inputs import InputSpec
+from nmtkit.io import count_lines
 
 
 def test_inputs_are_named_as_messages_name_them():

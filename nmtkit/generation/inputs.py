@@ -14,14 +14,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 from nmtkit.errors import UserError
 from nmtkit.generation.items import Item, Truncations
 from nmtkit.generation.terms import split_line
 from nmtkit.generation.translator import Translator
-from nmtkit.io import read_lines
+from nmtkit.io import count_lines, read_lines
 
 
 @dataclass(frozen=True)
@@ -181,19 +180,3 @@ def _glossary(path: str) -> list[str]:
     if not phrases:
         raise UserError(f"--avoid {path}: no phrase in the file (one phrase per line)")
     return phrases
-
-
-def count_lines(path: str, exact: bool = False) -> int | None:
-    """Lines of a text file as `read_lines` reads them, counted in its bytes. A .gz file is read
-    through only when the count must be `exact` (else None: the progress bar's total is not worth
-    a pass); so is a path that is no file, which `read_lines` then reports."""
-    p = Path(path)
-    if p.suffix == ".gz" or not p.is_file():
-        return sum(1 for _ in read_lines(path)) if exact else None
-    n = 0
-    last = b"\n"
-    with open(p, "rb") as fh:
-        while block := fh.read(1 << 20):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (0 if last == b"\n" else 1)
