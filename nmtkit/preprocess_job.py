@@ -16,16 +16,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from nmtkit.data import multilingual
+from nmtkit.data.languages import multilingual as multilingual_entry
+from nmtkit.data.languages import parse_pairs
 from nmtkit.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
 from nmtkit.errors import UserError
 from nmtkit.settings import construct, group, setting, split_prefixes
 
 TASKS = ("translation", "parsing")
 P_PARSING = "Parsing"
+P_MULTILINGUAL = "Multilingual"
 DEFAULT_POS_TAGS = "keep"
 # --task parsing: flags that do not apply to translation (checked in this order)
 PARSING_ONLY = (("--treebank", "treebank"), ("--split", "split"), ("--pos-tags", "pos_tags"),
                 ("--extra-train", "extra_train"))
+
+
+def _parse_pairs(value: str | None) -> list[tuple[str, str]]:
+    """--pairs: None (not given) -> [], 'de-en,en-de' -> [('de', 'en'), ('en', 'de')], each checked."""
+    return [] if value is None else parse_pairs(value)
 
 
 @dataclass
@@ -39,6 +48,10 @@ class PreprocessJob:
     # None: DEFAULT_POS_TAGS (given at all only with --task parsing)
     pos_tags: str | None = setting(None, flag="--pos-tags", panel=P_PARSING, show_default=False, help="--task parsing: keep (part-of-speech tags in the target, as the paper) or xx (one placeholder tag) [default: keep].")
     extra_train: list[str] = setting(default_factory=list, flag="--extra-train", cli_type=Optional[str], cli_default=None, parse=split_prefixes("--extra-train"), panel=P_PARSING, help="--task parsing: more training trees, comma-separated files or folders (e.g. a silver corpus: the semi-supervised setting).")
+    # [(src, tgt), ...] in the order given; [] = a bilingual directory (--source-lang/--target-lang)
+    pairs: list[tuple[str, str]] = setting(default_factory=list, flag="--pairs", cli_type=Optional[str], cli_default=None, parse=_parse_pairs, panel=P_MULTILINGUAL, help="One multilingual data directory for these pairs, comma-separated SRC-TGT (de-en,en-de,fr-en): reads PREFIX.SRC-TGT.LANG, else PREFIX.LANG, for every prefix; one joint sentencepiece model and dictionary, the target's >>TGT<< tag before each source sentence (docs/preprocess.md). Replaces --source-lang/--target-lang.")
+    # given at all only with --pairs
+    spm_temperature: float = setting(multilingual.DEFAULT_TEMPERATURE, flag="--spm-temperature", unset=True, panel=P_MULTILINGUAL, help="--pairs: sentencepiece learns from a mix where a language with n training lines has a share proportional to n^(1/T): 1 keeps the corpus proportions, larger values move toward equal shares, so that a small language still gets pieces of its own instead of being cut into characters [default: 5.0].")
 
     @property
     def parsing(self) -> bool:
@@ -54,6 +67,10 @@ class PreprocessJob:
         task, c = values["task"], dict(values["config"])
         if task not in TASKS:
             raise UserError(f"--task must be translation or parsing, got {task!r}")
+        if values["pairs"]:
+            _multilingual_flags(values, c)
+        elif values["spm_temperature"] is not None:
+            raise UserError("--spm-temperature applies to --pairs")
         if task == "parsing":
             from nmtkit.parsing import pipeline
 
@@ -103,6 +120,26 @@ class PreprocessJob:
                               extra_train=list(self.extra_train), pos=self.pos_tags or DEFAULT_POS_TAGS)
 
 
+def _multilingual_flags(values: dict[str, Any], c: dict[str, Any]) -> None:
+    """--pairs: the flags that do not apply are refused; the languages are the first pair's (as
+    the manifest records them) and the dictionary is joined."""
+    if values["task"] != "translation":
+        raise UserError("--pairs applies to --task translation")
+    for flag, name in (("--source-lang", "source_lang"), ("--target-lang", "target_lang")):
+        if c[name] is not None:
+            raise UserError(f"{flag} does not apply with --pairs (each pair names its languages)")
+    if c["trainpref"] is None:
+        raise UserError("missing option --trainpref")
+    if c["nwordstgt"] != -1 or c["thresholdtgt"] != 0:
+        raise UserError("--nwordstgt/--thresholdtgt do not apply with --pairs: its one joint dictionary takes "
+                        "--nwordssrc/--thresholdsrc")
+    if c["bpe"] != "sentencepiece":
+        raise UserError(f"--bpe {c['bpe']} does not apply with --pairs: a multilingual directory has one joint "
+                        "sentencepiece model (--bpe sentencepiece)")
+    (src, tgt), *_ = values["pairs"]
+    c.update(source_lang=src, target_lang=tgt, joined_dictionary=True)
+
+
 def run_preprocess(job: PreprocessJob, *, progress=None, log: Callable[[str], None] | None = None) -> PreprocessResult:
     """Build `job.config.destdir` (or find it up to date); `progress` is a rich Progress or None.
 
@@ -116,6 +153,9 @@ def run_preprocess(job: PreprocessJob, *, progress=None, log: Callable[[str], No
             from nmtkit.parsing import pipeline
 
             return pipeline.preprocess_parsing(job.treebank_inputs(), job.config, progress=progress, log=log).result
+        if job.pairs:
+            return multilingual.preprocess_multilingual(job.config, job.pairs, job.spm_temperature,
+                                                        progress=progress, log=log)
         return preprocess(job.config, progress=progress, log=log)
 
 
@@ -123,6 +163,8 @@ def format_summary(result: PreprocessResult) -> str:
     """What DESTDIR holds: the subword model, dictionaries, one table row per split, train
     cleaning and the time taken (`nmtkit preprocess` prints it on stdout)."""
     m = result.manifest
+    if multilingual_entry(m) is not None:
+        return _multilingual_summary(result)
     src, tgt = m["source_lang"], m["target_lang"]
     sub = m["subword"]
     d = m["dictionaries"]
@@ -160,4 +202,41 @@ def format_summary(result: PreprocessResult) -> str:
         lines.append(f"time: check {t.get('check', 0):.1f}s, learn {t.get('learn', 0):.1f}s, "
                      f"binarize train {enc:.1f}s{rate}, valid/test {t.get('encode_eval', 0):.1f}s, "
                      f"total {t.get('total', 0):.1f}s")
+    return "".join(line + "\n" for line in lines)
+
+
+def _table(rows: list[tuple]) -> list[str]:
+    """Rows as aligned columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(f"{r[i]}") for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(f"{v}".ljust(w) if i == 0 else f"{v}".rjust(w) for i, (v, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def _multilingual_summary(result: PreprocessResult) -> str:
+    """format_summary of a multilingual directory: one row per pair and split (source tokens
+    count the target's tag), train cleaning per pair, the time taken."""
+    m = result.manifest
+    ml = m["multilingual"]
+    state = "up to date" if result.up_to_date else "written"
+    size = m["dictionaries"][m["source_lang"]]["size"]
+    lines = [f"{result.destdir}: {state}; {len(ml['pairs'])} pairs ({', '.join(ml['pairs'])}); subwords: "
+             f"sentencepiece (joint, --spm-temperature {ml['spm_temperature']:g}); dictionary: {size} (joined, "
+             f"tags {' '.join(ml['tags'][lang] for lang in ml['langs'])})"]
+    rows = [("split", "lines", "pairs", "src tokens", "tgt tokens", "src unk", "tgt unk", "shards")]
+    for name, s in m["splits"].items():
+        src, tgt = name.split(".", 1)[1].split("-", 1)
+        rows.append((name, s["lines"], s["sentences"], s["tokens"][src], s["tokens"][tgt],
+                     s["unk"][src], s["unk"][tgt], len(s["shards"])))
+    lines += _table(rows)
+    cleaned = {name.split(".", 1)[1]: s["cleaning"] for name, s in m["splits"].items() if "cleaning" in s}
+    if cleaned:
+        dr = {r: sum(c["dropped"][r] for c in cleaned.values()) for r in ("empty", "too_long", "too_short", "ratio")}
+        lines.append(f"train cleaning dropped {sum(c['dropped_total'] for c in cleaned.values())} pairs: "
+                     + ", ".join(f"{pair} {c['dropped_total']}" for pair, c in cleaned.items())
+                     + f" (empty {dr['empty']}, too long {dr['too_long']}, too short {dr['too_short']}, ratio {dr['ratio']})")
+    if not result.up_to_date and result.timings:
+        t = result.timings
+        lines.append(f"time: check {t.get('check', 0):.1f}s, learn {t.get('learn', 0):.1f}s, binarize pairs "
+                     f"{t.get('encode_train', 0) + t.get('write_train', 0) + t.get('encode_eval', 0):.1f}s, "
+                     f"joint ids and tags {t.get('rewrite', 0):.1f}s, total {t.get('total', 0):.1f}s")
     return "".join(line + "\n" for line in lines)

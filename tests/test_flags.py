@@ -62,6 +62,8 @@ EXPECTED = {
         "--batch-size": (None, 'Data and batching'),
         "--update-freq": (1, 'Data and batching'),
         "--train-subset": ('train', 'Data and batching'),
+        "--lang-pairs": (None, 'Data and batching'),
+        "--sampling-temperature": (5.0, 'Data and batching'),
         "--valid-subset": ('valid', 'Data and batching'),
         "--lr-scheduler": ('noam', 'Optimization'),
         "--lr-scale": (1.0, 'Optimization'),
@@ -252,6 +254,8 @@ EXPECTED = {
         "--split": (None, 'Parsing'),
         "--pos-tags": (None, 'Parsing'),
         "--extra-train": (None, 'Parsing'),
+        "--pairs": (None, 'Multilingual'),
+        "--spm-temperature": (None, 'Multilingual'),
     },
     "export": {
         "data_dir": (..., None),

@@ -12,7 +12,8 @@ Entry points for other modules:
     subword_model_path(data_dir, lang)     -> Path of the model file, or None for `--bpe none`
     verify_files(data_dir)                 -> check the sha256 of every file (UserError naming it),
                                               once per file and process
-    check_entries(manifest, where)         -> the types of the entries above (load_manifest calls it;
+    check_entries(manifest, where)         -> the types of the entries above, and a multilingual
+                                              directory's `multilingual` entry (load_manifest calls it;
                                               an export's nmtkit.json has a copy of them)
 Every reader checks what it reads: load_dictionaries, nmtkit.data.shards.load_split and
 nmtkit.data.subwords.load_subword_model verify their files against the manifest.
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 from nmtkit.data.install import FORMAT_NAME, MANIFEST_NAME, VERIFIED_NAME, interrupted_install_hint
+from nmtkit.data.languages import LANG_RE, langs_of, tag_token
 from nmtkit.errors import UserError
 from nmtkit.io import read_json
 
@@ -79,10 +81,59 @@ def check_entries(m: dict, where: str, prefix: str = "") -> None:
         _require(is_file_name(name), where, prefix + "files", "keyed by file names in the directory", name)
         _require(isinstance(sha, str), where, f"{prefix}files[{name[:60]!r}]", "a sha256 (hex)", sha)
     langs = (m["source_lang"], m["target_lang"])
+    if "multilingual" in m:  # every language needs its dictionary and subword model
+        langs = tuple(dict.fromkeys(langs + _check_multilingual(m, where, prefix)))
     if "dictionaries" in m:
         _check_dictionaries(m["dictionaries"], langs, where, prefix + "dictionaries")
     if "subword" in m:
         _check_subword(m["subword"], langs, where, prefix + "subword")
+
+
+def _check_multilingual(m: dict, where: str, prefix: str) -> tuple[str, ...]:
+    """The `multilingual` entry (nmtkit.data.languages): its pairs, languages and tags agree with
+    each other, with `source_lang`/`target_lang` (the first pair's) and, where the manifest has
+    splits, with every split's name (`KIND.SRC-TGT`) and shards; -> its languages."""
+    field = prefix + "multilingual"
+    entry = m["multilingual"]
+    _require(isinstance(entry, dict), where, field, "an object", entry)
+    pairs = entry.get("pairs")
+    _require(isinstance(pairs, list) and len(pairs) > 0 and all(_is_pair(p) for p in pairs), where,
+             f"{field}.pairs", "a list of pairs SRC-TGT", pairs)
+    split = [tuple(p.split("-", 1)) for p in pairs]
+    _require(len(set(pairs)) == len(pairs), where, f"{field}.pairs", "a list of distinct pairs", pairs)
+    first = (m["source_lang"], m["target_lang"])
+    _require(split[0] == first, where, f"{prefix}source_lang/target_lang", f"the first pair's languages ({pairs[0]})",
+             "-".join(first))
+    langs = sorted({lang for pair in split for lang in pair})
+    _require(entry.get("langs") == langs, where, f"{field}.langs", f"the pairs' languages, sorted {langs}",
+             entry.get("langs"))
+    tags = entry.get("tags")
+    _require(isinstance(tags, dict) and all(tags.get(lang) == tag_token(lang) for lang in langs), where,
+             f"{field}.tags", "an object of each language's tag >>LANG<<", tags)
+    if isinstance(m.get("splits"), dict):
+        _check_multilingual_splits(m["splits"], {p: pair for p, pair in zip(pairs, split)}, where, prefix + "splits")
+    return tuple(langs)
+
+
+def _is_pair(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    src, sep, tgt = value.partition("-")
+    return bool(sep) and src != tgt and all(LANG_RE.match(lang) for lang in (src, tgt))
+
+
+def _check_multilingual_splits(splits: dict, pairs: dict[str, tuple], where: str, field: str) -> None:
+    """Each split is one pair's (`KIND.SRC-TGT`, a pair of the entry) and its shards hold that
+    pair's two languages."""
+    for name, entry in splits.items():
+        pair = name.partition(".")[2] if isinstance(name, str) else None
+        _require(pair in pairs, where, field, "keyed by KIND.SRC-TGT of the multilingual pairs", name)
+        shards = entry.get("shards") if isinstance(entry, dict) else None
+        _require(isinstance(shards, list), where, f"{field}[{name[:60]!r}].shards", "a list of shards", shards)
+        for shard in shards:
+            langs = sorted(k for k in shard if k != "sentences") if isinstance(shard, dict) else None
+            _require(langs == sorted(pairs[pair]), where, f"{field}[{name[:60]!r}].shards",
+                     f"shards of the languages {' and '.join(pairs[pair])}", shard)
 
 
 def _check_dictionaries(entry: object, langs: tuple[str, str], where: str, field: str) -> None:
@@ -129,8 +180,12 @@ def _manifest(data_dir: str | os.PathLike, manifest: dict | None) -> dict:
 
 def _check_lang(manifest: dict, lang: str) -> None:
     langs = (manifest["source_lang"], manifest["target_lang"])
+    more = langs_of(manifest)  # a multilingual directory: every language has its dictionary and model
+    if lang in more:
+        return
     if lang not in langs:
-        raise UserError(f"language {lang!r} is not in this data directory (it has {langs[0]} and {langs[1]})")
+        have = ", ".join(more) if more else f"{langs[0]} and {langs[1]}"
+        raise UserError(f"language {lang!r} is not in this data directory (it has {have})")
 
 
 def _section(data_dir: str | os.PathLike, m: dict, key: str) -> dict:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nmtkit.data.languages import langs_of
 from nmtkit.errors import UserError
 
 IDX_MAGIC = b"NMTKIDX\x01"
@@ -283,8 +284,9 @@ def load_split(data_dir: str | os.PathLike, split: str, lang: str, verify: bool 
     m = load_manifest(data_dir) if manifest is None else manifest
     if split not in m["splits"]:
         raise UserError(f"{data_dir}: no split {split!r} (it has {', '.join(m['splits'])})")
-    if lang not in (m["source_lang"], m["target_lang"]):
-        raise UserError(f"{data_dir}: no language {lang!r} (it has {m['source_lang']} and {m['target_lang']})")
+    langs = langs_of(m) or [m["source_lang"], m["target_lang"]]  # a multilingual directory: all of them
+    if lang not in langs:
+        raise UserError(f"{data_dir}: no language {lang!r} (it has {' and '.join(langs)})")
     entries = [shard[lang] for shard in m["splits"][split]["shards"]]
     if verify:
         verify_files(data_dir, m, [name for e in entries for name in (e["bin"], e["idx"])])

@@ -97,8 +97,11 @@ class TrainConfig:
     max_tokens: int | None = setting(4096, flag="--max-tokens", parse=none_if_zero, panel=P_DATA, help="Token budget per batch and process: sentences x longest side (+1), padding included.")
     batch_size: int | None = setting(None, flag="--batch-size", panel=P_DATA, show_default=False, help="At most this many sentence pairs per batch.")
     update_freq: int = setting(1, flag="--update-freq", panel=P_DATA, help="Accumulate gradients over K batches per update (per process).")
-    train_subset: str = setting("train", flag="--train-subset", panel=P_DATA, help="Split of DATA_DIR to train on.")
-    valid_subset: str = setting("valid", flag="--valid-subset", panel=P_DATA, help="Split of DATA_DIR to validate on.")
+    train_subset: str = setting("train", flag="--train-subset", panel=P_DATA, help="Split of DATA_DIR to train on; in a multilingual directory the kind, each pair's SPLIT.SRC-TGT.")
+    valid_subset: str = setting("valid", flag="--valid-subset", panel=P_DATA, help="Split of DATA_DIR to validate on; in a multilingual directory the kind, each pair's SPLIT.SRC-TGT.")
+    # multilingual data directories (nmtkit.data.languages, nmtkit.data.sampling)
+    lang_pairs: str | None = setting(None, flag="--lang-pairs", panel=P_DATA, show_default=False, help="Multilingual DATA_DIR: train on these of its pairs only, e.g. de-en,fr-en [default: all its pairs].")
+    sampling_temperature: float = setting(5.0, flag="--sampling-temperature", panel=P_DATA, help="Multilingual DATA_DIR: each epoch samples pair p in proportion to n_p^(1/T) (n_p: its training sentences); 1 = proportional to the data, larger = closer to uniform; 5 as Arivazhagan et al. 2019.")
     # optimization
     lr_scheduler: str = setting("noam", flag="--lr-scheduler", panel=P_OPT, help="noam (the paper: lr-scale * d_model^-0.5 * min(u^-0.5, u * warmup^-1.5)) or inverse_sqrt (fairseq: linear warmup to --lr, then --lr * sqrt(warmup/u)).")
     lr_scale: float = setting(1.0, flag="--lr-scale", panel=P_OPT, help="noam: multiplies the paper's learning rate.")
@@ -172,6 +175,11 @@ class TrainConfig:
             raise UserError("--ema applies with --finetune-from-model (it picks that checkpoint's EMA weights to start from)")
         if self.train_subset == self.valid_subset:
             raise UserError(f"--valid-subset must differ from --train-subset ({self.train_subset!r})")
+        self._require_positive("sampling_temperature")
+        if self.lang_pairs is not None:
+            from nmtkit.data.languages import parse_pairs
+
+            parse_pairs(self.lang_pairs, "--lang-pairs")
         return self
 
     def _require_positive(self, name: str, allow_none: bool = False) -> None:

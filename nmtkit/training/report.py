@@ -12,13 +12,16 @@ Log records (every record has "type", "time" (UTC ISO) and "update"):
         the `updates` updates since the previous train record; ppl = 2 ** nll_loss
     {"type": "valid", "epoch", "update", "loss", "nll_loss", "ppl", "tgt_tokens", "bleu" (with
      --eval-bleu), "best", "bad_validations", "weights": "raw" | "ema"}
+        multilingual: the figures are the unweighted means over the validated directions (tokens
+        summed), and "directions": {"de-en": {"loss", "nll_loss", "ppl", "tgt_tokens", "bleu"}, ...}
     {"type": "skip", "reason": "nan" | "oom" | "fp16_overflow", ...}
     {"type": "checkpoint", "files": [...], "seconds": s}
     {"type": "end", "reason": "max_update" | "max_epoch" | "max_time" | "patience" | "signal" | ...}
 
 With --tensorboard-logdir the train and valid records are also TensorBoard scalars (TB_TRAIN,
 TB_VALID: train/loss, train/nll_loss, train/ppl, train/lr, train/gnorm, train/tgt_tok_per_s,
-valid/loss, valid/nll_loss, valid/ppl, valid/bleu, valid/best) at step = update.
+valid/loss, valid/nll_loss, valid/ppl, valid/bleu, valid/best; a multilingual run also
+valid/DIR/loss, valid/DIR/nll_loss, valid/DIR/ppl, valid/DIR/bleu per direction) at step = update.
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ def _now() -> str:
 
 
 def _clean(v: Any) -> Any:
-    """JSON has no NaN/inf: write them as strings so every line stays valid JSON."""
+    """JSON has no NaN/inf: write them as strings so every line stays valid JSON (also inside a
+    record's objects, e.g. a valid record's directions)."""
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
     return v
 
 
@@ -88,6 +94,7 @@ TB_TRAIN = {"loss": "train/loss", "nll_loss": "train/nll_loss", "ppl": "train/pp
             "gnorm": "train/gnorm", "tgt_tok_per_s": "train/tgt_tok_per_s", "loss_scale": "train/loss_scale"}
 TB_VALID = {"loss": "valid/loss", "nll_loss": "valid/nll_loss", "ppl": "valid/ppl", "bleu": "valid/bleu",
             "best": "valid/best"}
+TB_DIRECTION = ("loss", "nll_loss", "ppl", "bleu")  # a multilingual valid record's directions: valid/DIR/KEY
 
 
 def require_tensorboard():
@@ -117,11 +124,16 @@ class TensorBoardLog:
         if tags is None:
             return
         step = int(record["update"])
+        self._scalars(record, tags, step)
+        for name, figures in (record.get("directions") or {}).items():  # valid/de-en/loss, ...
+            self._scalars(figures, {k: f"valid/{name}/{k}" for k in TB_DIRECTION}, step)
+        self.writer.flush()
+
+    def _scalars(self, record: dict, tags: dict[str, str], step: int) -> None:
         for key, tag in tags.items():
             v = record.get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                 self.writer.add_scalar(tag, v, global_step=step)
-        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()

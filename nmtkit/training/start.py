@@ -39,8 +39,9 @@ DEFAULT_ARCH = "transformer_base"
 NON_SHAPE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps")
 NON_SHAPE_FLAGS = "--dropout, --attention-dropout, --activation-dropout, --label-smoothing, --warmup-updates"
 RESETS = ("reset_optimizer", "reset_lr_scheduler", "reset_dataloader", "reset_meters")
-# settings that fix the batch plan a saved data position points into
-BATCHING_SETTINGS = ("max_tokens", "batch_size", "seed")
+# settings that fix the batch plan a saved data position points into (the last two: a multilingual
+# run's pairs and their sampling, in the batching key of such runs only)
+BATCHING_SETTINGS = ("max_tokens", "batch_size", "seed", "lang_pairs", "sampling_temperature")
 
 
 @dataclass
@@ -111,7 +112,8 @@ class Start:
         prev = self.state.get("train_args") or {}
         pos = tr["data_position"]
         old_key = pos.get("batching") or {}
-        changed = [(k, old_key[k], getattr(cfg, k)) for k in BATCHING_SETTINGS if k in old_key and old_key[k] != getattr(cfg, k)]
+        changed = [(k, old_key[k], batching_key.get(k)) for k in BATCHING_SETTINGS
+                   if k in old_key and old_key[k] != batching_key.get(k)]
         old_id = self.state.get("data_manifest_id")
         data_changed = old_id is not None and old_id != manifest_id
         for r in RESETS:

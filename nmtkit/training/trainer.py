@@ -39,6 +39,8 @@ import torch
 
 from nmtkit import checkpoints as ck
 from nmtkit.data.batching import EpochBatches, collate
+from nmtkit.data.languages import langs_of, pair_name, pairs_of, parse_pairs, split_name, tag_token
+from nmtkit.data.sampling import SampledEpochBatches, load_pair_split
 from nmtkit.device import resolve_device
 from nmtkit.errors import UserError
 from nmtkit.training import checkpoint_state
@@ -82,6 +84,51 @@ class TrainResult:
     oom_skips: int = 0
     losses: list[float] = field(default_factory=list)  # per applied update, bits (rank 0)
     interrupted_by: int | None = None  # the signal number, when reason == "signal"
+
+
+def multilingual_pairs(manifest: dict, lang_pairs: str | None, data_dir: str) -> list[tuple[str, str]]:
+    """The pairs a run trains on: the multilingual directory's, or the --lang-pairs among them
+    (refused in one line naming the directory's pairs); [] for a bilingual directory."""
+    have = pairs_of(manifest)
+    if not have:
+        if lang_pairs is not None:
+            raise UserError(f"--lang-pairs: {data_dir} is a bilingual data directory "
+                            f"({manifest['source_lang']}-{manifest['target_lang']}); the flag selects pairs of a "
+                            "multilingual one")
+        return []
+    if lang_pairs is None:
+        return have
+    asked = parse_pairs(lang_pairs, "--lang-pairs")
+    absent = [pair_name(s, t) for s, t in asked if (s, t) not in have]
+    if absent:
+        raise UserError(f"--lang-pairs: {', '.join(absent)} not in {data_dir} "
+                        f"(its pairs: {', '.join(pair_name(s, t) for s, t in have)})")
+    return asked
+
+
+def mean_figures(directions: dict[str, dict]) -> dict:
+    """The unweighted mean over directions of each figure (loss, nll_loss, ppl, bleu), and the
+    directions' target tokens summed: every direction counts alike, however large its valid split."""
+    first = next(iter(directions.values()))
+    out = {k: float(np.mean([d[k] for d in directions.values()])) for k in first if k != "tgt_tokens"}
+    out["tgt_tokens"] = sum(d["tgt_tokens"] for d in directions.values())
+    return {k: out[k] for k in first}  # the directions' key order
+
+
+def valid_line(rec: dict) -> str:
+    """The console line of a `valid` record; with directions, each one's nll_loss (and bleu) after
+    the means."""
+    bleu = f" | bleu {rec['bleu']:.2f}" if "bleu" in rec else ""
+    best = rec["best"] if rec["best"] is not None else float("nan")
+    line = (f"valid | epoch {rec['epoch']} | update {rec['update']} | loss {rec['loss']:.3f} | "
+            f"nll_loss {rec['nll_loss']:.3f} | ppl {rec['ppl']:.2f}{bleu} | best {best:.3f}"
+            + ("" if rec["improved"] else f" | {rec['bad_validations']} without improvement"))
+    directions = rec.get("directions")
+    if directions:
+        line += f" | mean of {len(directions)} directions: " + ", ".join(
+            f"{name} nll_loss {d['nll_loss']:.3f}" + (f" bleu {d['bleu']:.2f}" if "bleu" in d else "")
+            for name, d in directions.items())
+    return line
 
 
 def manifest_id(manifest: dict) -> str:
@@ -138,9 +185,8 @@ class Trainer:
 
     def _setup_data(self) -> None:
         from nmtkit.data.manifest import load_dictionaries, load_manifest
-        from nmtkit.data.shards import load_split
 
-        cfg, d = self.cfg, self.cfg.data_dir
+        d = self.cfg.data_dir
         self.manifest = load_manifest(d)
         self.src_lang, self.tgt_lang = self.manifest["source_lang"], self.manifest["target_lang"]
         self.src_dict, self.tgt_dict = load_dictionaries(d, self.manifest)
@@ -149,26 +195,59 @@ class Trainer:
                 f"--share-embeddings all needs one joint dictionary but {d} has {len(self.src_dict)} source and "
                 f"{len(self.tgt_dict)} target symbols (preprocess with --joined-dictionary, or --share-embeddings none)"
             )
-        if cfg.train_subset not in self.manifest["splits"]:
-            raise UserError(f"{d}: no split {cfg.train_subset!r} to train on (it has {', '.join(self.manifest['splits'])})")
-        self.train_src = load_split(d, cfg.train_subset, self.src_lang, verify=True)
-        self.train_tgt = load_split(d, cfg.train_subset, self.tgt_lang, verify=True)
-        self.has_valid = (not cfg.no_validate) and cfg.valid_subset in self.manifest["splits"]
-        if not cfg.no_validate and not self.has_valid:
-            if cfg.patience or cfg.eval_bleu or cfg.validate_interval_updates:
-                raise UserError(
-                    f"{d}: no {cfg.valid_subset!r} split, but --patience/--eval-bleu/--validate-interval-updates "
-                    "need one (preprocess with --validpref)"
-                )
-        if self.has_valid:
-            self.valid_src = load_split(d, cfg.valid_subset, self.src_lang, verify=True)
-            self.valid_tgt = load_split(d, cfg.valid_subset, self.tgt_lang, verify=True)
+        self.pairs = multilingual_pairs(self.manifest, self.cfg.lang_pairs, d)
+        self.tag_ids: frozenset[int] = frozenset()  # ids dropped from --eval-bleu hypotheses besides the specials
+        if self.pairs:
+            self._load_multilingual()
+        else:
+            self._load_bilingual()
         self.dictionaries = {
             "src_sha256": self.src_dict.sha256, "tgt_sha256": self.tgt_dict.sha256,
             "src_size": len(self.src_dict), "tgt_size": len(self.tgt_dict),
             "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
         }
         self.manifest_id = manifest_id(self.manifest)
+
+    def _load_bilingual(self) -> None:
+        """The --train-subset split, and the --valid-subset split where there is one (or needed)."""
+        from nmtkit.data.shards import load_split
+
+        cfg, d = self.cfg, self.cfg.data_dir
+        if cfg.train_subset not in self.manifest["splits"]:
+            raise UserError(f"{d}: no split {cfg.train_subset!r} to train on (it has {', '.join(self.manifest['splits'])})")
+        self.train_src = load_split(d, cfg.train_subset, self.src_lang, verify=True)
+        self.train_tgt = load_split(d, cfg.train_subset, self.tgt_lang, verify=True)
+        self.has_valid = (not cfg.no_validate) and cfg.valid_subset in self.manifest["splits"]
+        self._check_validation_possible()
+        if self.has_valid:
+            self.valid_src = load_split(d, cfg.valid_subset, self.src_lang, verify=True)
+            self.valid_tgt = load_split(d, cfg.valid_subset, self.tgt_lang, verify=True)
+
+    def _check_validation_possible(self) -> None:
+        cfg = self.cfg
+        if not cfg.no_validate and not self.has_valid:
+            if cfg.patience or cfg.eval_bleu or cfg.validate_interval_updates:
+                raise UserError(
+                    f"{cfg.data_dir}: no {cfg.valid_subset!r} split, but --patience/--eval-bleu/--validate-interval-updates "
+                    "need one (preprocess with --validpref)"
+                )
+
+    def _load_multilingual(self) -> None:
+        """Each pair's SPLIT.SRC-TGT of the --train-subset kind (all must exist), and of the
+        --valid-subset kind where it exists: those pairs are the validated directions."""
+        cfg, d, splits = self.cfg, self.cfg.data_dir, self.manifest["splits"]
+        missing = [pair_name(s, t) for s, t in self.pairs if split_name(cfg.train_subset, s, t) not in splits]
+        if missing:
+            raise UserError(f"{d}: no {cfg.train_subset!r} split of pair(s) {', '.join(missing)} to train on "
+                            f"(expected {split_name(cfg.train_subset, *self.pairs[0])} ...; preprocess with --trainpref)")
+        self.train_pair_data = [load_pair_split(d, self.manifest, cfg.train_subset, s, t) for s, t in self.pairs]
+        self.valid_pairs = [] if cfg.no_validate else [
+            (s, t) for s, t in self.pairs if split_name(cfg.valid_subset, s, t) in splits]
+        self.has_valid = bool(self.valid_pairs)
+        self._check_validation_possible()
+        self.valid_pair_data = [load_pair_split(d, self.manifest, cfg.valid_subset, s, t) for s, t in self.valid_pairs]
+        self.tag_ids = frozenset(self.tgt_dict.index(tag_token(lang)) for lang in langs_of(self.manifest)
+                                 if tag_token(lang) in self.tgt_dict)
 
     def _check_save_dir(self) -> None:
         """The checkpoint this run starts from must fit the data and settings (start.Start.check)."""
@@ -189,8 +268,12 @@ class Trainer:
     def _batching_key(self) -> dict:
         """The settings that fix the batch plan: a saved data position is a place in it."""
         cfg = self.cfg
-        return {"max_tokens": cfg.max_tokens, "batch_size": cfg.batch_size, "seed": cfg.seed,
-                "pad_multiple": self.pad_multiple, "world_size": self.info.world_size}
+        key = {"max_tokens": cfg.max_tokens, "batch_size": cfg.batch_size, "seed": cfg.seed,
+               "pad_multiple": self.pad_multiple, "world_size": self.info.world_size}
+        if self.pairs:  # which pairs, and their shares, fix the epoch's selection
+            key.update(lang_pairs=",".join(pair_name(s, t) for s, t in self.pairs),
+                       sampling_temperature=cfg.sampling_temperature)
+        return key
 
     def _autocast(self):
         return autocast(self.device, self.amp_dtype)
@@ -259,22 +342,26 @@ class Trainer:
 
     def _make_iterators(self) -> None:
         cfg, a = self.cfg, self.arch_cfg
-        self.train_batches = EpochBatches(
-            self.train_src, self.train_tgt, max_tokens=cfg.max_tokens, max_sentences=cfg.batch_size,
-            max_source_positions=a.max_source_positions, max_target_positions=a.max_target_positions,
-            pad_multiple=self.pad_multiple, shuffle=True, seed=cfg.seed, rank=self.info.rank,
-            world_size=self.info.world_size,
-        )
+        limits = dict(max_tokens=cfg.max_tokens, max_sentences=cfg.batch_size, max_source_positions=a.max_source_positions,
+                      max_target_positions=a.max_target_positions, pad_multiple=self.pad_multiple)
+        if self.pairs:  # every pair's sentences, temperature-sampled per epoch, batched together
+            self.train_batches = SampledEpochBatches(self.train_pair_data, temperature=cfg.sampling_temperature,
+                                                     seed=cfg.seed, rank=self.info.rank,
+                                                     world_size=self.info.world_size, **limits)
+            self.train_src, self.train_tgt = self.train_batches.src_ds, self.train_batches.tgt_ds
+        else:
+            self.train_batches = EpochBatches(self.train_src, self.train_tgt, shuffle=True, seed=cfg.seed,
+                                              rank=self.info.rank, world_size=self.info.world_size, **limits)
         self.batching_key = self._batching_key()
         self.identity = checkpoint_state.RunIdentity(cfg, self.arch_cfg.to_dict(), self.dictionaries,
                                                      self.manifest_id, self.batching_key)
-        self.validator = None
-        if self.has_valid:
-            self.validator = Validator(
-                self.valid_src, self.valid_tgt, max_tokens=cfg.max_tokens, max_sentences=cfg.batch_size,
-                max_source_positions=a.max_source_positions, max_target_positions=a.max_target_positions,
-                pad_multiple=self.pad_multiple, info=self.info,
-            )
+        self.validator = None  # bilingual
+        self.validators: dict[str, Validator] = {}  # multilingual: direction -> its validator
+        if self.has_valid and self.pairs:
+            self.validators = {pair_name(s, t): Validator(src, tgt, info=self.info, **limits)
+                               for (s, t), (src, tgt) in zip(self.valid_pairs, self.valid_pair_data)}
+        elif self.has_valid:
+            self.validator = Validator(self.valid_src, self.valid_tgt, info=self.info, **limits)
 
     def _prepare_run(self) -> None:
         """Start this run's bookkeeping (clocks from now); after _build."""
@@ -351,20 +438,24 @@ class Trainer:
     # validation
 
     def _validate(self) -> dict:
+        """Validate, log the `valid` record and keep the best: of the one valid split, or of every
+        direction of a multilingual run, whose unweighted means are the record's figures."""
         cfg, st = self.cfg, self.state
         model = self.ema.model if self.ema is not None else self.model
         with D.during(f"validation at update {st.update}"):  # its sums and BLEU's gather are collectives
-            res = self.validator.loss(model, self.device, self._autocast, self.epsilon)
-            rec = {"type": "valid", "epoch": st.last_epoch_done, "update": st.update, "loss": res.loss,
-                   "nll_loss": res.nll_loss, "ppl": res.ppl, "tgt_tokens": res.ntokens,
-                   "weights": "ema" if self.ema is not None else "raw"}
-            if cfg.eval_bleu:
-                rec["bleu"] = self.validator.bleu(
-                    model, self.device, self._autocast, self._to_text, beam=cfg.eval_bleu_beam,
-                    lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
-                    max_len_b=cfg.eval_bleu_max_len_b, max_target_positions=self.arch_cfg.max_target_positions,
-                )
-        value = rec["bleu"] if cfg.best_checkpoint_metric == "bleu" else res.nll_loss
+            if self.pairs:
+                directions = {name: self._valid_figures(v, model) for name, v in self.validators.items()}
+                figures = mean_figures(directions)
+            else:
+                directions, figures = None, self._valid_figures(self.validator, model)
+        bleu = figures.pop("bleu", None)
+        rec = {"type": "valid", "epoch": st.last_epoch_done, "update": st.update, **figures,
+               "weights": "ema" if self.ema is not None else "raw"}
+        if cfg.eval_bleu:
+            rec["bleu"] = bleu
+        if directions is not None:
+            rec["directions"] = directions
+        value = rec["bleu"] if cfg.best_checkpoint_metric == "bleu" else rec["nll_loss"]
         better = math.isfinite(value) and (st.best is None or (
             value > st.best if cfg.best_checkpoint_metric == "bleu" else value < st.best))
         if better:
@@ -377,19 +468,29 @@ class Trainer:
         self.loop.last_valid_update = st.update
         if self.info.is_main:
             self.log.write(rec)
-            bleu = f" | bleu {rec['bleu']:.2f}" if "bleu" in rec else ""
-            self.progress.line(
-                f"valid | epoch {st.last_epoch_done} | update {st.update} | loss {res.loss:.3f} | "
-                f"nll_loss {res.nll_loss:.3f} | ppl {res.ppl:.2f}{bleu} | best {st.best if st.best is not None else float('nan'):.3f}"
-                + ("" if better else f" | {st.bad_validations} without improvement"))
+            self.progress.line(valid_line(rec))
         return rec
 
+    def _valid_figures(self, validator: Validator, model: torch.nn.Module) -> dict:
+        """loss, nll_loss, ppl, tgt_tokens (and bleu with --eval-bleu) of one validation split."""
+        cfg = self.cfg
+        res = validator.loss(model, self.device, self._autocast, self.epsilon)
+        out = {"loss": res.loss, "nll_loss": res.nll_loss, "ppl": res.ppl, "tgt_tokens": res.ntokens}
+        if cfg.eval_bleu:
+            out["bleu"] = validator.bleu(
+                model, self.device, self._autocast, self._to_text, beam=cfg.eval_bleu_beam,
+                lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
+                max_len_b=cfg.eval_bleu_max_len_b, max_target_positions=self.arch_cfg.max_target_positions,
+            )
+        return out
+
     def _to_text(self, ids: list[int]) -> str:
+        """Detokenized text of ids, without pad/<s>/</s> and (multilingual) language tags."""
         if not hasattr(self, "_subword"):
             from nmtkit.data.subwords import load_subword_model
 
             self._subword = load_subword_model(self.cfg.data_dir, self.tgt_lang)
-        return self._subword.decode(self.tgt_dict.string([i for i in ids if i >= 3]))  # drop pad/<s>/</s>
+        return self._subword.decode(self.tgt_dict.string([i for i in ids if i >= 3 and i not in self.tag_ids]))
 
     # ------------------------------------------------------------------------------------------
     # the run
@@ -488,6 +589,8 @@ class Trainer:
         if not self.info.is_main:
             return
         start = self.start
+        # sampled epochs differ a little in size: a multilingual run names its current epoch's
+        n_batches = len(self.train_batches.batches(st.epoch)) if self.pairs else len(self.train_batches)
         self.log.write({"type": "start", "update": st.update, "epoch": st.epoch, "resumed": self.resumed,
                         "start": start.kind, "from": str(start.path) if start.path else None,
                         **({"weights": "ema" if self.cfg.ema else "raw", "from_update": start.ckpt_update}
@@ -496,7 +599,8 @@ class Trainer:
                         "arch": self.cfg.arch, "arch_config": self.arch_cfg.to_dict(), "params": self.n_params,
                         "world_size": self.info.world_size, "device": str(self.device),
                         "precision": self.cfg.precision, "train_pairs": len(self.train_src),
-                        "train_pairs_skipped": f.skipped, "batches_per_epoch": len(self.train_batches),
+                        "train_pairs_skipped": f.skipped, "batches_per_epoch": n_batches,
+                        **({"multilingual": self._pairs_summary()} if self.pairs else {}),
                         "peak_rss_mib": _peak_rss_mib()})
         for note in start.notes:
             self.progress.line(note, style="yellow")
@@ -510,8 +614,10 @@ class Trainer:
         self.progress.line(
             f"{where}: {self.cfg.arch} ({self.n_params / 1e6:.1f}M parameters) on {self.device}"
             f"{f' x {self.info.world_size} processes' if self.info.enabled else ''}, {self.cfg.precision}; "
-            f"{len(self.train_src)} training pairs, {len(self.train_batches)} batches per epoch"
+            f"{len(self.train_src)} training pairs, {n_batches} batches per epoch"
             f"{' per process' if self.info.enabled else ''}")
+        if self.pairs:
+            self._log_pairs()
         if start.changed:
             self.progress.line("changed from the checkpoint: " + ", ".join(
                 f"{k} {old} -> {new}" for k, (old, new) in start.changed.items()), style="yellow")
@@ -521,9 +627,32 @@ class Trainer:
         if f.skipped:
             self.progress.line(f"skipping {f.skipped} training pair(s) that do not fit the model: {f.describe()}",
                                style="yellow")
-        if self.validator is not None and self.validator.filter.skipped:
-            self.progress.line(f"skipping {self.validator.filter.skipped} validation pair(s) that do not fit the "
-                               f"model: {self.validator.filter.describe()}", style="yellow")
+        for name, v in ([("", self.validator)] if self.validator is not None else list(self.validators.items())):
+            if v.filter.skipped:
+                self.progress.line(f"skipping {v.filter.skipped} validation pair(s){f' of {name}' if name else ''} "
+                                   f"that do not fit the model: {v.filter.describe()}", style="yellow")
+
+    def _pairs_summary(self) -> dict:
+        """The start record's `multilingual` entry: per language pair its training sentences, its
+        sampling share at --sampling-temperature and its sentences per epoch; the validated ones."""
+        b = self.train_batches
+        shares, per_epoch = b.shares(), b.per_epoch()
+        return {"sampling_temperature": self.cfg.sampling_temperature,
+                "pairs": {pair_name(s, t): {"sentences": n, "share": float(q), "per_epoch": int(k)}
+                          for (s, t), n, q, k in zip(self.pairs, b.counts, shares, per_epoch)},
+                "valid_directions": list(self.validators)}
+
+    def _log_pairs(self) -> None:
+        """The pairs, their sentences and sampling shares; the pairs that have no validation split."""
+        summary = self._pairs_summary()
+        self.progress.line(f"{len(self.pairs)} language pairs, sampled at temperature "
+                           f"{self.cfg.sampling_temperature:g} (1 = in proportion to the data): " + ", ".join(
+                               f"{name} {p['sentences']} sentences, share {p['share']:.3f} ({p['per_epoch']} per epoch)"
+                               for name, p in summary["pairs"].items()))
+        unvalidated = [name for name in summary["pairs"] if name not in self.validators]
+        if self.has_valid and unvalidated:
+            self.progress.line(f"no {self.cfg.valid_subset!r} split for {', '.join(unvalidated)}: validation "
+                               "averages over the other directions", style="yellow")
 
     # ------------------------------------------------------------------------------------------
     # the loop
@@ -642,7 +771,7 @@ class Trainer:
     def _after_update(self, out: StepResult) -> str | None:
         """Inside an epoch: validation and checkpoints when due; -> the stopping reason, if any."""
         cfg, st, lp = self.cfg, self.state, self.loop
-        validated = bool(self.validator is not None and cfg.validate_interval_updates and out.applied
+        validated = bool(self.has_valid and cfg.validate_interval_updates and out.applied
                          and st.update % cfg.validate_interval_updates == 0)
         if validated:
             self._validate()
@@ -665,7 +794,7 @@ class Trainer:
         finished = st.epoch
         st.epoch += 1
         st.batch_offset = 0
-        if self.validator is not None and self.loop.last_valid_update != st.update:
+        if self.has_valid and self.loop.last_valid_update != st.update:
             self._validate()
         names = [] if cfg.no_epoch_checkpoints else [f"checkpoint{finished}.pt"]
         if cfg.save_interval_updates and st.update % cfg.save_interval_updates == 0 and \
