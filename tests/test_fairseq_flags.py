@@ -85,8 +85,9 @@ def spans(cell: str) -> list[str]:
     (["generate", "data-bin", "--path", "avg.pt", "--remove-bpe=sentencepiece"],
      "--remove-bpe: nmtkit removes subwords itself; drop it"),
     (["generate", "data-bin", "--max-sentences", "64"], "--max-sentences: use --batch-size"),
-    (["generate", "data-bin", "-s", "de", "-t", "en"],
-     "-s: nmtkit generate takes the language pair from DATA_DIR (or the export directory); drop it"),
+    (["serve", "data-bin", "-s", "de", "-t", "en"],
+     "-s: nmtkit serve takes the language pair from DATA_DIR (or the export directory); drop it "
+     '(a multilingual model\'s target is each request\'s "target_lang")'),
     (["generate", "data-bin", "--sacrebleu"],
      "--sacrebleu: nmtkit generate prints translations; score them with nmtkit score --ref REF (sacreBLEU)"),
     (["generate", "--cpu"], "--cpu: use --device cpu"),
@@ -122,14 +123,14 @@ def test_a_fairseq_flag_gets_one_line_naming_the_nmtkit_way(run_cli, args, messa
 
 
 def test_other_unknown_flags_keep_click_s_message(run_cli):
-    r = run_cli("generate", "--no-such-flag")
-    assert (r.code, r.err) == (2, "nmtkit: error: No such option: --no-such-flag (see 'nmtkit generate --help')\n")
+    r = run_cli("generate", "--zzz")  # click would suggest a flag spelled close to it
+    assert (r.code, r.err) == (2, "nmtkit: error: No such option: --zzz (see 'nmtkit generate --help')\n")
     # fairseq's flag for another command: this command's usual message
     r = run_cli("score", "--remove-bpe")
     assert (r.code, r.err) == (2, "nmtkit: error: No such option: --remove-bpe (see 'nmtkit score --help')\n")
     r = run_cli("--remove-bpe")  # before any command
     assert (r.code, r.err) == (2, "nmtkit: error: No such option: --remove-bpe\n")
-    assert hint("generate", "--no-such-flag") is None and hint("no-such-command", "--remove-bpe") is None
+    assert hint("generate", "--no-such-flag") is None and hint("generate", "-s") is None and hint("no-such-command", "--remove-bpe") is None
 
 
 def test_a_fairseq_flag_nmtkit_spells_the_same_is_no_error(run_cli):

@@ -42,7 +42,7 @@ CONFIGS = {"train": TrainConfig, "generate": GenerateOptions, "preprocess": Prep
 LIBRARY_ONLY = {
     TrainConfig: {"arch_overrides", "log_file", "prefetch"},  # arch_overrides: the Architecture flags
     GenerateOptions: {"engine_note", "source"},  # set by from_flags: the engine's defaults it chose, the model
-    SearchConfig: {"seed", "max_len_cap", "pad", "bos", "eos", "unk"},  # seed: from GenerateOptions.seed
+    SearchConfig: {"seed", "max_len_cap", "pad", "bos", "eos", "unk", "banned"},  # seed: from GenerateOptions.seed
     PreprocessConfig: {"target_bpe", "extra_files", "extra_manifest"},
     PreprocessJob: set(),
     ScoreOptions: set(),
@@ -145,6 +145,8 @@ EXPECTED = {
         "--constraints": (None, None),
         "--avoid": (None, None),
         "--prefix": (None, None),
+        "--source-lang -s": (None, None),
+        "--target-lang -t": (None, None),
         "--threads": (0, None),
         "--seed": (None, None),
         "--ema": (False, None),
@@ -196,6 +198,8 @@ EXPECTED = {
         "--gen-subset": (None, None),
         "--index": ([], None),
         "--split-target": (False, None),
+        "--source-lang -s": (None, None),
+        "--target-lang -t": (None, None),
         "--kind": ('cross', None),
         "--layer": (None, None),
         "--heads": (None, None),

@@ -211,7 +211,7 @@ LIMITS = Limits(max_request_sentences=3, max_sentence_chars=10, max_beam=8)
     (b'{"text": ["a", ', 400, "the request body is not valid JSON: Expecting value: line 1 column 16"),
     (b'\xff{"text": []}', 400, "the request body is not UTF-8 (byte 0)"),
     (b'["a"]', 400, 'the request body must be a JSON object such as {"text": ["a sentence"]}'),
-    (b'{"txt": ["a"]}', 400, 'unknown field "txt" (known: text, beam, lenpen, nbest, scores, constraints, ordered, avoid, prefix)'),
+    (b'{"txt": ["a"]}', 400, 'unknown field "txt" (known: text, beam, lenpen, nbest, scores, constraints, ordered, avoid, prefix, target_lang)'),
     (b'{"beam": 2}', 400, 'missing field "text": a list of sentences (strings)'),
     (b'{"text": "a"}', 400, '"text" must be a list of strings, got one string (wrap it in a list)'),
     (b'{"text": {"a": 1}}', 400, '"text" must be a list of strings, got {"a": 1}'),

@@ -130,7 +130,7 @@ def test_attention_equals_the_translators_for_its_translation_and_for_a_given_ta
     ({"text": "a", "target": 3}, 400, '"target" must be a string, got 3'),
     ({"text": "a", "layer": "top"}, 400, '"layer" must be an integer, got "top"'),
     ({"text": "a", "head": True}, 400, '"head" must be an integer or null'),
-    ({"text": "a", "beam": 4}, 400, 'unknown field "beam" (known: text, target, layer, head)'),
+    ({"text": "a", "beam": 4}, 400, 'unknown field "beam" (known: text, target, layer, head, target_lang)'),
     ({"target": "a"}, 400, 'missing field "text": one sentence (a string)'),
     ({"text": "a " * 150}, 413, '"text" has 300 characters; at most 200'),
     ({"text": "a", "target": "b" * 201}, 413, '"target" has 201 characters; at most 200'),

@@ -116,6 +116,8 @@ def data_section(manifest: dict, names: list[str]) -> dict:
     }
     if "task" in manifest:
         data["task"] = manifest["task"]
+    if isinstance(manifest.get("multilingual"), dict):  # the languages and their tags (nmtkit.data.languages)
+        data["multilingual"] = {k: manifest["multilingual"][k] for k in ("pairs", "langs", "tags")}
     if isinstance(manifest.get("parsing"), dict):  # the tree writer needs the part-of-speech mode only
         data["parsing"] = {"pos_tags": manifest["parsing"].get("pos_tags")}
     return data

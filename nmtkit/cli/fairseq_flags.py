@@ -18,6 +18,9 @@ _USER_DIR = "plug-in code is not supported"
 
 def _languages(command: str) -> str:
     where = "DATA_DIR" if command == "train" else "DATA_DIR (or the export directory)"
+    if command == "serve":
+        return (f"nmtkit serve takes the language pair from {where}; drop it (a multilingual model's target "
+                'is each request\'s "target_lang")')
     return f"nmtkit {command} takes the language pair from {where}; drop it"
 
 
@@ -54,7 +57,9 @@ def _decoding(command: str) -> dict[str, str]:
     }
 
 
-GENERATE = _decoding("generate") | {
+# generate spells fairseq's -s/-t itself: a multilingual model's direction (docs/multilingual.md)
+_LANGUAGE_FLAGS = ("-s", "--source-lang", "-t", "--target-lang")
+GENERATE = {k: v for k, v in _decoding("generate").items() if k not in _LANGUAGE_FLAGS} | {
     "--max-sentences": "use --batch-size",
     "--results-path": "use --output FILE (--format fairseq for fairseq's S-/H-/D-/P- lines)",
     "--sacrebleu": "nmtkit generate prints translations; score them with nmtkit score --ref REF (sacreBLEU)",

@@ -77,6 +77,9 @@ class GenerateOptions:
     constraints: str | None = setting(None, flag="--constraints", optional_value="unordered", metavar="[unordered|ordered]", help="Each --input line is SOURCE<TAB>PHRASE<TAB>PHRASE...: phrases (raw text) every output must contain, as fairseq-interactive reads them; unordered (the flag alone): in any order; ordered: in the given order.")
     avoid: str | None = setting(None, flag="--avoid", help="FILE of phrases, one per line, that no output may contain (in any subword spelling).")
     prefix: str | None = setting(None, flag="--prefix", help="FILE with one target prefix per line of --input: each output begins with its line's text (an empty line: none).")
+    # a multilingual model (docs/multilingual.md): the direction; a bilingual model's own languages are accepted
+    source_lang: str | None = setting(None, flag="--source-lang", aliases=("-s",), help="Multilingual model: the source language (needed for a binarized split; checked against the model's languages for raw text).")
+    target_lang: str | None = setting(None, flag="--target-lang", aliases=("-t",), help="Multilingual model: the language to translate into (required); its tag >>xx<< is put before each source sentence.")
     search: SearchConfig = group(SearchConfig)
     # resolved by from_flags into --lenpen-form and --early-stop (model_flags.search_flag_defaults)
     decoding: str | None = setting(None, flag="--decoding", show_default=False, help="The length penalty and stopping rule in one word: paper (--lenpen-form gnmt --early-stop bound: the paper's, exact) or fairseq (--lenpen-form fairseq --early-stop beam: fairseq's, longer outputs from weak models); a flag given beside it wins [default: paper; fairseq on a CTranslate2 export].")
@@ -125,6 +128,23 @@ class GenerateOptions:
             raise UserError(f"--buffer-size must be >= 1, got {self.buffer_size}")
         self._validate_inspection()
         self._validate_terms()
+
+    def check_langs(self, m: dict) -> None:
+        """--source-lang / --target-lang against the model's languages (its manifest `m`): required
+        on a multilingual model (the target always, the source for a binarized split), else its
+        own pair or nothing."""
+        from nmtkit.data.languages import check_direction, multilingual
+
+        if multilingual(m) is not None:
+            check_direction(m, self.source_lang, self.target_lang, "--target-lang")
+            if self.input is None and self.source_lang is None:
+                raise UserError("--source-lang: a binarized split of a multilingual data directory is one direction; "
+                                f"give --source-lang and --target-lang ({', '.join(m['multilingual']['langs'])})")
+            return
+        for flag, given, own in (("--source-lang", self.source_lang, m["source_lang"]),
+                                 ("--target-lang", self.target_lang, m["target_lang"])):
+            if given is not None and given != own:
+                raise UserError(f"{flag} {given}: the model translates {m['source_lang']} into {m['target_lang']} only")
 
     def _validate_terms(self) -> None:
         """The rules of --constraints, --avoid and --prefix: raw text translated by a search."""
@@ -186,7 +206,7 @@ class GenerateOptions:
         binarized split (--gen-subset, test by default)."""
         split = None if self.input is not None else (self.gen_subset or "test")
         return InputSpec(self.input, split, self.data_dir, self.score_reference, self.reference,
-                         self.constraints, self.avoid, self.prefix)
+                         self.constraints, self.avoid, self.prefix, self.source_lang, self.target_lang)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +224,8 @@ def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Trans
     tr = Translator.open(source, options, prepared=prepared, max_tokens=opts.max_tokens,
                          batch_size=opts.batch_size, warn=warn, search=search)
     tr.positional_scores = opts.format == "fairseq"  # its P- lines
+    opts.check_langs(tr.manifest)
+    tr.target_lang = opts.target_lang
     return tr
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from nmtkit.data.languages import split_name
 from nmtkit.errors import UserError
 from nmtkit.generation.items import Item, Truncations
 from nmtkit.generation.terms import split_line
@@ -35,6 +36,8 @@ class InputSpec:
     constraints: str | None = None  # None, "unordered" or "ordered"
     avoid: str | None = None  # --avoid FILE
     prefix: str | None = None  # --prefix FILE
+    source_lang: str | None = None  # a multilingual model's direction (--source-lang, --target-lang)
+    target_lang: str | None = None
 
     @property
     def name(self) -> str:
@@ -64,7 +67,7 @@ def read_inputs(spec: InputSpec, tr: Translator) -> Inputs:
     """The items of `spec`'s raw text or binarized split, every check that needs no model run made."""
     trunc = tr.truncations(spec.line_name, spec.name)
     if spec.split is not None:
-        total, items, targets = split_items(tr, spec.split, trunc)
+        total, items, targets = split_items(tr, spec, trunc)
         if spec.scoring and not targets:
             raise UserError(f"--score-reference: split {spec.split!r} of {spec.data_dir} has no target side "
                             f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
@@ -92,23 +95,32 @@ def warn_tabs(lines: Iterator[str], spec: InputSpec, warn: Callable[[str], None]
         yield line
 
 
-def split_items(tr: Translator, split: str, trunc: Truncations) -> tuple[int, Iterator[Item], bool]:
+def split_items(tr: Translator, spec: InputSpec, trunc: Truncations) -> tuple[int, Iterator[Item], bool]:
     """(count, items, whether they carry targets) of a binarized split of the translator's data
-    directory; targets are attached when the split has a target side of as many sentences."""
+    directory; targets are attached when the split has a target side of as many sentences. On a
+    multilingual directory the split is the direction's (`test.de-fr`), its sources tagged."""
     from nmtkit.data.shards import load_split
 
-    d, m = tr.data_dir, tr.manifest
-    src = load_split(d, split, tr.src_lang, manifest=m)  # checksums verified: a flipped byte is an error
+    d, m, split = tr.data_dir, tr.manifest, spec.split
+    src_lang, tgt_lang, lead = tr.src_lang, tr.tgt_lang, 0
+    if tr.langs:
+        src_lang, tgt_lang, lead = spec.source_lang, spec.target_lang, 1
+        split = split_name(split, src_lang, tgt_lang)
+        if split not in m["splits"]:
+            have = sorted(k for k in m["splits"] if k.startswith(f"{spec.split}."))
+            raise UserError(f"{d}: no split {split!r} (the directions of {spec.split!r} are "
+                            f"{', '.join(k.split('.', 1)[1] for k in have) or 'none'})")
+    src = load_split(d, split, src_lang, manifest=m)  # checksums verified: a flipped byte is an error
     try:
-        tgt = load_split(d, split, tr.tgt_lang, verify=False, manifest=m)
+        tgt = load_split(d, split, tgt_lang, verify=False, manifest=m)
     except UserError:  # no target side
         tgt = None
     if tgt is not None:
-        tgt = load_split(d, split, tr.tgt_lang, manifest=m) if len(tgt) == len(src) else None
+        tgt = load_split(d, split, tgt_lang, manifest=m) if len(tgt) == len(src) else None
 
     def gen() -> Iterator[Item]:
         for i in range(len(src)):
-            yield Item(i, trunc(i, src[i]), None if tgt is None else tgt[i])
+            yield Item(i, trunc(i, src[i]), None if tgt is None else tgt[i], lead=lead)
 
     return len(src), gen(), tgt is not None
 
@@ -131,6 +143,7 @@ def reference_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tupl
         raise UserError(f"--reference {reference} has {n_ref} lines but --input {src_name} has {n_src}; "
                         "they must be line-aligned pairs")
     tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
+    tag = tr.tag_id(None, "--target-lang")
 
     def gen(check: bool) -> Iterator[Item]:
         srcs = iter(src_lines) if src_lines is not None else read_lines(source)
@@ -140,8 +153,7 @@ def reference_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tupl
             ids = tr.target_ids(t, f"{reference}:{i + 1}")
             if check:
                 continue
-            src_ids = tr.src_dict.encode(tr.src_subword.encode(s))
-            yield Item(i, trunc(i, src_ids), ids, text=s)
+            yield Item(i, trunc(i, tr.source_ids(s, tag)), ids, text=s, lead=int(tag is not None))
 
     for _ in gen(check=True):
         pass

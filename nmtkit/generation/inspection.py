@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from nmtkit.backends.registry import ModelSource, describe
+from nmtkit.data.languages import check_direction, split_name
 from nmtkit.device import PRECISION_NAMES
 from nmtkit.errors import UserError
 from nmtkit.generation.forced import Attention, piece_text
@@ -92,6 +93,8 @@ class AttentionOptions:
     gen_subset: str | None = setting(None, flag="--gen-subset", help="Take the sentences from this binarized split instead (with --index).")
     indices: list[int] = setting(default_factory=list, flag="--index", parse=list, metavar="N", help="0-based sentence number in --gen-subset (as in S-/H- lines); give it several times.")
     split_target: bool = setting(False, flag="--split-target", help="With --gen-subset: teacher-force the split's own target sentences.")
+    source_lang: str | None = setting(None, flag="--source-lang", aliases=("-s",), help="Multilingual model: the source language of --gen-subset (its split SPLIT.SRC-TGT).")
+    target_lang: str | None = setting(None, flag="--target-lang", aliases=("-t",), help="Multilingual model: the language to translate into (required); its tag is the source's first token.")
     kind: str = setting("cross", flag="--kind", help="enc-self (encoder self-attention), dec-self (masked decoder self-attention) or cross (encoder-decoder).")
     layer: int | None = setting(None, flag="--layer", help="Layer, 1-based (the paper's 'layer 5 of 6') [default: the last].")
     heads: str | None = setting(None, flag="--heads", help="Heads to show, 1-based, comma-separated (e.g. 5,6), or all [default: all; with --style lines: 1, and --heads all overlays every head].")
@@ -221,14 +224,20 @@ def _items(opts: AttentionOptions, tr) -> list[tuple[str, object, str | None]]:
     from nmtkit.data.shards import load_split
     from nmtkit.generation.items import Item
 
-    src = load_split(tr.data_dir, opts.gen_subset, tr.src_lang, manifest=tr.manifest)
-    tgt = load_split(tr.data_dir, opts.gen_subset, tr.tgt_lang, manifest=tr.manifest) if opts.split_target else None
+    split, src_lang, tgt_lang, lead = opts.gen_subset, tr.src_lang, tr.tgt_lang, 0
+    if tr.langs:  # a multilingual directory: the direction's split, its sources tagged
+        if opts.source_lang is None:
+            raise UserError("--gen-subset on a multilingual model is one direction: give --source-lang and --target-lang")
+        src_lang, tgt_lang, lead = opts.source_lang, opts.target_lang, 1
+        split = split_name(split, src_lang, tgt_lang)
+    src = load_split(tr.data_dir, split, src_lang, manifest=tr.manifest)
+    tgt = load_split(tr.data_dir, split, tgt_lang, manifest=tr.manifest) if opts.split_target else None
     trunc = tr.truncations(lambda i: f"--index {i}", "--index")
     out = []
     for i, target in zip(opts.indices, targets):
         if i >= len(src):
             raise UserError(f"--index {i}: split {opts.gen_subset!r} has {len(src)} sentences (0..{len(src) - 1})")
-        item = Item(i, trunc(i, np.asarray(src[i])), None if tgt is None else np.asarray(tgt[i]))
+        item = Item(i, trunc(i, np.asarray(src[i])), None if tgt is None else np.asarray(tgt[i]), lead=lead)
         out.append((f"--index {i}", item, target))
     return out
 
@@ -282,6 +291,11 @@ def write_attention(opts: AttentionOptions, warn=None) -> list[Path]:
         import_pyplot()
     opts.check_outputs()
     tr = Translator.open(opts.model_source(), runtime_options(opts), warn=warn, search=opts.search)
+    tr.set_target_lang(opts.target_lang, "--target-lang")
+    if tr.langs and opts.source_lang is not None:
+        check_direction(tr.manifest, opts.source_lang, opts.target_lang, "--source-lang")
+    elif not tr.langs and opts.source_lang not in (None, tr.src_lang):
+        raise UserError(f"--source-lang {opts.source_lang}: the model translates {tr.src_lang} into {tr.tgt_lang} only")
     sentences, layer, heads = collect(opts, tr)
     n_layers = tr.engine.layers(opts.kind)
     out = opts.output_path()

@@ -34,6 +34,7 @@ class Item:
     target_ids: np.ndarray | None = None  # reference (binarized splits only), for T- lines
     text: str | None = None  # the raw input line (raw text only): a parsing model's tree gets its words
     terms: Terms | None = None  # phrases to include or avoid, a target prefix (docs/generate.md, "Terminology")
+    lead: int = 0  # ids before the sentence's own: 1 for a multilingual model's language tag (`>>fr<<`)
 
 
 class Truncations:

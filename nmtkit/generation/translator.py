@@ -43,6 +43,7 @@ import numpy as np
 
 from nmtkit.backends.engine import Engine, RuntimeOptions
 from nmtkit.backends.registry import ModelSource, check_quantize, describe
+from nmtkit.data.languages import check_direction, langs_of, tag_token
 from nmtkit.errors import UserError
 from nmtkit.generation import forced
 from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
@@ -121,6 +122,10 @@ class Translator:
         self.data_dir = source.folder  # the data directory, or the export directory's copies of its files
         self.manifest = manifest = source.manifest
         self.src_lang, self.tgt_lang = manifest["source_lang"], manifest["target_lang"]
+        # a multilingual model's languages ([] for a bilingual one) and the target asked for when a
+        # call names none (`load(..., target_lang=)`, `generate --target-lang`)
+        self.langs = langs_of(manifest)
+        self.target_lang: str | None = None
         self.task = manifest.get("task", "translation")
         self.src_dict, self.tgt_dict, self.tgt_subword = src_dict, tgt_dict, tgt_subword
         self.search = search  # the load-time settings (SearchConfig's names); per call overrides apply on top
@@ -143,7 +148,7 @@ class Translator:
              device: str = "auto", precision: str = "fp32", ema: bool = False, threads: int = 0,
              max_tokens: int | None = None, batch_size: int | None = None, quantize: str | None = None,
              warn: Callable[[str], None] | None = None, search: SearchConfig | None = None,
-             **search_settings) -> Translator:
+             target_lang: str | None = None, **search_settings) -> Translator:
         """Load checkpoint `path` (or a list of them: an ensemble) for the data directory it was trained on.
 
         `data_dir` is required: its dictionaries must be the checkpoints' (checked by sha256, and
@@ -164,6 +169,10 @@ class Translator:
         `path` may instead be a directory made by `nmtkit export` (without `data_dir`): it is then
         run by that format's engine (CTranslate2: `nmtkit.backends.ctranslate2.engine`), with the
         export's own dictionaries and subword models, behind the same interface.
+
+        `target_lang`: a multilingual model's target language when a call names none (each of
+        `translate`, `translate_nbest`, `encode`, `score` and `attention` takes `target_lang=`
+        too); a bilingual model accepts only its own target language or None.
         """
         paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
         source = describe(paths, data_dir, ema=ema, api=True)
@@ -172,8 +181,10 @@ class Translator:
         source.check()  # the files first: the defaults depend on the data directory's manifest
         if search is None:
             search = cls.search_defaults(source)
-        return cls.open(source, options, max_tokens=max_tokens, batch_size=batch_size,
-                        warn=warn, search=search, **search_settings)
+        tr = cls.open(source, options, max_tokens=max_tokens, batch_size=batch_size,
+                      warn=warn, search=search, **search_settings)
+        tr.set_target_lang(target_lang)
+        return tr
 
     @classmethod
     def open(cls, source: ModelSource, options: RuntimeOptions, *, search: SearchConfig, prepared=None,
@@ -236,7 +247,40 @@ class Translator:
         top = self.engine.max_target_tokens
         cap = top if cfg.max_len_cap is None else min(cfg.max_len_cap, top)
         t = self.tgt_dict
-        return dataclasses.replace(cfg, max_len_cap=cap, pad=t.pad, bos=t.bos, eos=t.eos, unk=t.unk)
+        banned = tuple(t.index(tag_token(lang)) for lang in self.langs)  # no output holds a language tag
+        return dataclasses.replace(cfg, max_len_cap=cap, pad=t.pad, bos=t.bos, eos=t.eos, unk=t.unk, banned=banned)
+
+    # -- languages (a multilingual model: nmtkit.data.languages)
+
+    def set_target_lang(self, lang: str | None, where: str = "target_lang") -> None:
+        """The target language of calls that name none, checked (None: every call must name one
+        on a multilingual model)."""
+        if lang is not None:
+            self.tag_id(lang, where)
+        self.target_lang = lang
+
+    def tag_id(self, target_lang: str | None, where: str = "target_lang") -> int | None:
+        """The source tag id that asks a multilingual model for `target_lang` (or this translator's
+        `target_lang`); None on a bilingual model, which needs none and accepts only its own target
+        language. An unknown or missing language is one line naming the model's languages."""
+        lang = target_lang if target_lang is not None else self.target_lang
+        if not self.langs:
+            if lang is not None and lang != self.tgt_lang:
+                raise UserError(f"{where}: {lang!r}: the model translates {self.src_lang} into {self.tgt_lang} only")
+            return None
+        if lang is not None and not isinstance(lang, str):
+            raise UserError(f"{where} must be a language (a str), got {type(lang).__name__}")
+        _, lang = check_direction(self.manifest, None, lang, where)
+        return self.src_dict.index(tag_token(lang))
+
+    def tag_ids(self, target_lang, n: int) -> list[int | None]:
+        """One tag id per sentence: `target_lang` is one language for all, or a list with one per sentence."""
+        if isinstance(target_lang, (list, tuple)):
+            if len(target_lang) != n:
+                raise UserError(f"target_lang must be one language or a list with one per sentence ({n}), "
+                                f"got {len(target_lang)} entries")
+            return [self.tag_id(lang, f"target_lang[{i}]") for i, lang in enumerate(target_lang)]
+        return [self.tag_id(target_lang)] * n
 
     # -- text <-> items
 
@@ -244,28 +288,38 @@ class Translator:
         """A truncation counter for one input: `where(i)` names input i in its warning."""
         return Truncations(self.warn, where, what, self.max_source_tokens)
 
-    def items(self, lines: Iterable[str], trunc: Truncations) -> Iterator[Item]:
+    def items(self, lines: Iterable[str], trunc: Truncations, tags: Sequence[int | None] | None = None) -> Iterator[Item]:
         """Items of raw sentences (lazily, for streaming): subword-encoded, mapped to ids, truncated.
-        A sentence that is not text (`check_text`) is a UserError naming it by `trunc.where`."""
+        A sentence that is not text (`check_text`) is a UserError naming it by `trunc.where`.
+        On a multilingual model each non-empty sentence starts with its target's tag (`tags[i]`,
+        else this translator's `target_lang`); an empty one stays empty (no model call)."""
+        default = self.tag_id(None) if tags is None else None
         for i, line in enumerate(lines):
             check_text(line, trunc.where(i))
-            if line.strip():
-                ids = self.src_dict.encode(self.src_subword.encode(line))
-            else:
-                ids = np.zeros(0, dtype=np.int64)
-            yield Item(i, trunc(i, ids), text=line)
+            tag = default if tags is None else tags[i]
+            if not line.strip():
+                yield Item(i, np.zeros(0, dtype=np.int64), text=line)
+            else:  # a tag counts against the source limit and is never cut off
+                yield Item(i, trunc(i, self.source_ids(line, tag)), text=line, lead=int(tag is not None))
 
-    def encode(self, sentences: Sequence[str]) -> list[Item]:
+    def source_ids(self, line: str, tag: int | None = None) -> np.ndarray:
+        """Source dictionary ids of one raw sentence, after the language tag `tag` when given."""
+        ids = self.src_dict.encode(self.src_subword.encode(line))
+        return ids if tag is None else np.concatenate(([tag], ids)).astype(ids.dtype)
+
+    def encode(self, sentences: Sequence[str], target_lang: str | Sequence[str] | None = None) -> list[Item]:
         """Items of a list of raw sentences; over-long ones are truncated with a warning naming
-        `sentence N` (1-based)."""
+        `sentence N` (1-based). `target_lang`: a multilingual model's target, one for all or one
+        per sentence (default: the translator's `target_lang`)."""
         if isinstance(sentences, str):
             raise UserError("translate takes a list of sentences, got one str; wrap it: translate([text])")
         sentences = list(sentences)
         for i, s in enumerate(sentences):
             if not isinstance(s, str):
                 raise UserError(f"sentence {i + 1} is a {type(s).__name__}, not a str")
+        tags = self.tag_ids(target_lang, len(sentences))
         trunc = self.truncations(lambda i: f"sentence {i + 1}", "translate")
-        items = list(self.items(sentences, trunc))
+        items = list(self.items(sentences, trunc, tags))
         trunc.summary()
         return items
 
@@ -355,10 +409,11 @@ class Translator:
         for batch in make_batches(list(items), self.max_tokens, self.batch_size):
             yield batch, self._search(batch, cfg)
 
-    def _run(self, sentences: Sequence[str], settings: dict, terms: dict) -> list[tuple[Item, list[Hypothesis] | None]]:
+    def _run(self, sentences: Sequence[str], settings: dict, terms: dict,
+             target_lang=None) -> list[tuple[Item, list[Hypothesis] | None]]:
         """(item, hypotheses) per sentence in order; None for an empty sentence (no model call).
         `terms`: `attach_terms`' keyword arguments."""
-        items = self.encode(sentences)
+        items = self.encode(sentences, target_lang)
         if any(v is not None for k, v in terms.items() if k != "ordered"):
             self.attach_terms(items, **terms)
         results = self.translate_items(items, **settings)
@@ -369,7 +424,8 @@ class Translator:
         return "" if self._text_of is None else self._text_of(item, [])
 
     def translate_nbest(self, sentences: Sequence[str], *, constraints=None, avoid=None, prefix=None,
-                        ordered: bool = False, **search_settings) -> list[list[Translation]]:
+                        ordered: bool = False, target_lang: str | Sequence[str] | None = None,
+                        **search_settings) -> list[list[Translation]]:
         """Per sentence, its hypotheses best first (at most `nbest`), as `Translation`s; the
         terminology arguments are `translate`'s.
 
@@ -379,7 +435,7 @@ class Translator:
         """
         out = []
         terms = dict(constraints=constraints, avoid=avoid, prefix=prefix, ordered=ordered)
-        for it, hyps in self._run(sentences, search_settings, terms):
+        for it, hyps in self._run(sentences, search_settings, terms, target_lang):
             if hyps is None:
                 out.append([Translation(self._empty_text(it), [], Hypothesis(tokens=[], score=0.0, logprob=0.0))])
                 continue
@@ -391,7 +447,8 @@ class Translator:
         return out
 
     def translate(self, sentences: Sequence[str], *, constraints=None, avoid=None, prefix=None,
-                  ordered: bool = False, **search_settings) -> list[str]:
+                  ordered: bool = False, target_lang: str | Sequence[str] | None = None,
+                  **search_settings) -> list[str]:
         """One output text per sentence, in order: the best hypothesis, detokenized (a tree on a
         parsing data directory); `""` for an empty sentence. Per-call `search_settings` override
         the load-time ones for this call only.
@@ -401,11 +458,14 @@ class Translator:
         order, or in the given order with `ordered=True`; `avoid`, per sentence a list of phrases
         its output must not contain; `prefix`, per sentence the text its output must begin with
         (or None). `translate(["Der Hauptbahnhof ist dort."], constraints=[["central station"]])`.
+
+        `target_lang`: on a multilingual model, the language to translate into, one for all
+        sentences or a list with one per sentence (default: `load`'s `target_lang`).
         """
         terms = dict(constraints=constraints, avoid=avoid, prefix=prefix, ordered=ordered)
         return [
             self.text(it, self.tgt_dict.string(hyps[0].tokens)) if hyps else self._empty_text(it)
-            for it, hyps in self._run(sentences, search_settings, terms)
+            for it, hyps in self._run(sentences, search_settings, terms, target_lang)
         ]
 
     # -- given targets: scores, attention weights, alignments (nmtkit.generation.forced)
@@ -466,7 +526,7 @@ class Translator:
             lp, attn = self.engine.forced_pass([it.ids for it in batch], targets, cross_layer=layer)
             for r, (it, tgt) in enumerate(zip(batch, targets)):
                 if attn is not None:
-                    aligns[it.index] = [forced.hard_alignment(attn[r], len(it.ids), len(tgt))]
+                    aligns[it.index] = [_alignment(attn[r], it, len(tgt))]
                 ps = forced.pair_score(lp[r, :len(tgt) + 1].tolist(), cfg.lenpen, cfg.lenpen_form)
                 scores[it.index] = [Hypothesis(tgt, ps.score, ps.logprob, ps.positional_scores)]
             if on_batch is not None:
@@ -487,14 +547,15 @@ class Translator:
             _, attn = self.engine.forced_pass([it.ids for it, _ in rows], [h.tokens for _, h in rows],
                                               cross_layer=layer, want_scores=False)
             for r, (it, h) in enumerate(rows):
-                out.setdefault(it.index, []).append(forced.hard_alignment(attn[r], len(it.ids), len(h.tokens)))
+                out.setdefault(it.index, []).append(_alignment(attn[r], it, len(h.tokens)))
         return out
 
     def source_pieces(self, item: Item) -> list[str]:
         """The item's source subword pieces as segmented (raw text), or its dictionary strings
-        (binarized splits: an <unk> shows as "<unk>")."""
+        (binarized splits: an <unk> shows as "<unk>"); a language tag first, as the model sees it."""
         if item.text is not None:
-            return self.src_subword.encode(item.text)[:len(item.ids)]
+            tag = [self.src_dict[int(i)] for i in item.ids[:item.lead]]
+            return tag + self.src_subword.encode(item.text)[:len(item.ids) - item.lead]
         return [self.src_dict[int(i)] for i in item.ids]
 
     def word_alignment(self, item: Item, target_tokens: Sequence[int],
@@ -504,13 +565,14 @@ class Translator:
         if self.task == "parsing":
             raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
                             "use --print-alignment (subword)")
-        src_pieces = self.source_pieces(item)
+        src_pieces = self.source_pieces(item)[item.lead:]  # alignments count the sentence's own tokens
         tgt_pieces = [self.tgt_dict[int(i)] for i in target_tokens]
         src_words = forced.word_index(src_pieces, self.src_subword.kind)
         tgt_words = forced.word_index(tgt_pieces, self.tgt_subword.kind)
         return forced.word_alignment(pairs, src_words, tgt_words)
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[forced.PairScore]:
+    def score(self, sources: Sequence[str], targets: Sequence[str], *,
+              target_lang: str | Sequence[str] | None = None) -> list[forced.PairScore]:
         """The model's scores of given translations, in order: per pair its log-probability
         (</s> included), |Y| (target tokens + </s>), the length-normalized score the search
         would report for it (this translator's lenpen and lenpen_form) and the per-token
@@ -526,7 +588,7 @@ class Translator:
         sources, targets = list(sources), list(targets)
         if len(sources) != len(targets):
             raise UserError(f"score: {len(sources)} sources but {len(targets)} targets (one target per source)")
-        items = self.encode(sources)
+        items = self.encode(sources, target_lang)
         for it, tgt in zip(items, targets):
             if not isinstance(tgt, str):
                 raise UserError(f"target {it.index + 1} is a {type(tgt).__name__}, not a str")
@@ -540,7 +602,8 @@ class Translator:
             out.append(forced.PairScore(h.logprob, len(h.positional_scores), h.score, h.positional_scores))
         return out
 
-    def attention(self, src: str, tgt: str | None = None, **search_settings) -> forced.Attention:
+    def attention(self, src: str, tgt: str | None = None, *, target_lang: str | None = None,
+                  **search_settings) -> forced.Attention:
         """Every attention weight of the model for `src` and a target: `tgt` (raw text) when given,
         else the model's own best translation (search settings as in `translate`, overridable
         here). One model only (load one checkpoint). See `nmtkit.generation.forced.Attention`:
@@ -548,7 +611,7 @@ class Translator:
         self._needs_forced("attention")
         if not isinstance(src, str) or (tgt is not None and not isinstance(tgt, str)):
             raise UserError("attention takes one source sentence (a str) and optionally one target (a str)")
-        (item,) = self.encode([src])
+        (item,) = self.encode([src], target_lang)
         return self.attention_of_item(item, tgt, **search_settings)
 
     def attention_of_item(self, item: Item, tgt: str | None = None, *, where: str = "attention",
@@ -590,5 +653,15 @@ class Translator:
         )
 
     def __repr__(self) -> str:
+        if self.langs:
+            return (f"Translator({self.engine!r}, multilingual {'/'.join(self.langs)}, {self.task}, "
+                    f"device={self.device}, beam={self.search.beam})")
         return (f"Translator({self.engine!r}, {self.src_lang}->{self.tgt_lang}, {self.task}, "
                 f"device={self.device}, beam={self.search.beam})")
+
+
+def _alignment(attn: np.ndarray, item: Item, n_tgt: int) -> list[tuple[int, int]]:
+    """The hard alignment of one hypothesis to the item's own tokens: a language tag before them
+    is neither aligned to nor counted, so source positions are those of the sentence's pieces."""
+    lead = item.lead
+    return forced.hard_alignment(np.asarray(attn)[:, lead:], len(item.ids) - lead, n_tgt)

@@ -86,7 +86,7 @@ class Writer:
                 out.append(line)
         else:
             i = item.index
-            out.append(f"S-{i}\t{' '.join(self.src_dict.string(item.ids))}")
+            out.append(f"S-{i}\t{' '.join(self.src_dict.string(item.ids[item.lead:]))}")
             if item.target_ids is not None:
                 out.append(f"T-{i}\t{self._text(item, self.tgt_dict.string(item.target_ids))}")
             for j, h in enumerate(hyps):

@@ -92,6 +92,8 @@ def apply_rules(lprobs: np.ndarray, t: int, gen: np.ndarray, row_max_len: np.nda
     lprobs[:, cfg.pad] = NEG_INF
     if cfg.bos != cfg.eos:
         lprobs[:, cfg.bos] = NEG_INF
+    if cfg.banned:
+        lprobs[:, list(cfg.banned)] = NEG_INF
     if cfg.unk_penalty:
         lprobs[:, cfg.unk] -= np.float32(cfg.unk_penalty)
     if cfg.no_repeat_ngram_size > 0:

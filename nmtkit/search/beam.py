@@ -189,6 +189,8 @@ def _apply_rules(
     lprobs[:, cfg.pad] = -math.inf
     if cfg.bos != cfg.eos:
         lprobs[:, cfg.bos] = -math.inf
+    if cfg.banned:
+        lprobs[:, list(cfg.banned)] = -math.inf
     if cfg.unk_penalty:
         lprobs[:, cfg.unk] -= cfg.unk_penalty
     if cfg.no_repeat_ngram_size > 0:

@@ -69,6 +69,8 @@ class SearchConfig:
     bos: int = BOS
     eos: int = EOS
     unk: int = UNK
+    # target ids no hypothesis may hold (a multilingual model's language tags: Translator.search_config)
+    banned: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         """Refuse an impossible search with a SettingError (a UserError naming the flag, and the
@@ -127,7 +129,7 @@ def length_penalty(length, alpha: float, form: str):
     raise ValueError(f"unknown length penalty form {form!r}")
 
 
-_IDS = ("pad", "bos", "eos", "unk")  # SearchConfig fields that come from the target dictionary
+_IDS = ("pad", "bos", "eos", "unk", "banned")  # SearchConfig fields that come from the target dictionary
 # The search settings a caller may give (SearchConfig's fields without the dictionary's ids).
 SEARCH_SETTINGS = tuple(f.name for f in dataclasses.fields(SearchConfig) if f.name not in _IDS)
 

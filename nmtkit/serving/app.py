@@ -3,7 +3,7 @@
     GET  /health     200 {"status": "ok"} once the model is loaded, 503 before
     GET  /info       the model, languages, architecture, checkpoint sha256, defaults and limits
     POST /translate  {"text": ["...", ...], "beam"?, "lenpen"?, "nbest"?, "scores"?,
-                      "constraints"?, "ordered"?, "avoid"?, "prefix"?}
+                      "constraints"?, "ordered"?, "avoid"?, "prefix"?, "target_lang"?}
                      -> 200 {"translations": [...]} in the request's order
     POST /attention  {"text": "...", "target"?, "layer"?, "head"?} -> one layer's cross-attention
                      (nmtkit.serving.attention; 501 for an engine without attention weights)
@@ -47,7 +47,7 @@ from nmtkit.serving.batcher import Batcher, Job, QueueFull
 from nmtkit.serving.logs import printable
 
 RETRY_AFTER = "1"  # seconds: a full queue drains within about a batch's time
-FIELDS = ("text", "beam", "lenpen", "nbest", "scores", "constraints", "ordered", "avoid", "prefix")
+FIELDS = ("text", "beam", "lenpen", "nbest", "scores", "constraints", "ordered", "avoid", "prefix", "target_lang")
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ class TranslateRequest:
     settings: dict  # search settings of this request only (SearchConfig names)
     scores: bool = False
     terms: dict | None = None  # constraints / avoid / prefix (per sentence) and ordered: Translator's arguments
+    target_lang: list[str] | None = None  # a multilingual model's target, per sentence; None: not given
 
 
 def _int(name: str, v: Any) -> int:
@@ -102,7 +103,34 @@ def parse_request(body: bytes, limits: Limits, defaults=None) -> TranslateReques
     scores = obj.get("scores", False)
     if not isinstance(scores, bool):
         raise RequestError(400, f'"scores" must be true or false, got {json.dumps(scores)}')
-    return TranslateRequest(sentences, settings, scores, _terms(obj, len(sentences)))
+    return TranslateRequest(sentences, settings, scores, _terms(obj, len(sentences)),
+                            _target_lang(obj.get("target_lang"), len(sentences)))
+
+
+def _target_lang(v: Any, n: int) -> list[str] | None:
+    """The "target_lang" field: one language for every sentence, or a list with one per sentence
+    (400 otherwise); which languages the model has the translator checks (`check_target_lang`)."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = [v] * n
+    if not isinstance(v, list) or len(v) != n or not all(isinstance(x, str) for x in v):
+        raise RequestError(400, f'"target_lang" must be a language (a string) or a list with one per sentence of '
+                                f'"text" ({n}), got {json.dumps(v)[:40]}')
+    for i, x in enumerate(v):
+        _check_string(f'"target_lang"[{i}]', x)
+    return v
+
+
+def check_target_lang(translator, req: TranslateRequest) -> None:
+    """The request's target languages against the model's, as RequestError(400) in the
+    translator's one line (a multilingual model needs one; a bilingual one takes only its own)."""
+    if req.target_lang is None and not getattr(translator, "langs", None):
+        return  # a bilingual model needs none
+    try:
+        translator.tag_ids(req.target_lang, len(req.sentences))
+    except UserError as e:
+        raise RequestError(400, str(e).replace("target_lang", '"target_lang"', 1)) from None
 
 
 def _terms(obj: dict, n: int) -> dict | None:
@@ -233,7 +261,10 @@ def parse_attention_request(body: bytes, limits: Limits) -> AttentionRequest:
         raise RequestError(400, f'"layer" must be an integer, got {json.dumps(layer)[:40]}')
     if head is not None and (isinstance(head, bool) or not isinstance(head, int)):
         raise RequestError(400, f'"head" must be an integer or null (the mean of the heads), got {json.dumps(head)[:40]}')
-    return AttentionRequest(texts["text"], texts.get("target"), layer, head)
+    lang = obj.get("target_lang")
+    if lang is not None:
+        _check_string('"target_lang"', lang)
+    return AttentionRequest(texts["text"], texts.get("target"), layer, head, lang)
 
 
 def _search_settings(obj: dict, limits: Limits, defaults) -> dict:
@@ -443,8 +474,9 @@ async def _translate(state: ServerState, request, scope_state: dict):
     scope_state["sentences"] = len(req.sentences)
     batcher = state.batcher
     check_terms(batcher.translator, req)
+    check_target_lang(batcher.translator, req)
     try:
-        job = batcher.submit(req.sentences, req.settings, req.terms)
+        job = batcher.submit(req.sentences, req.settings, req.terms, req.target_lang)
     except UserError as e:  # an impossible combination: nbest above beam, ...
         raise RequestError(400, str(e)) from None
     except QueueFull as e:

@@ -1,6 +1,6 @@
 """`POST /attention` of `nmtkit serve`: one sentence's cross-attention, for the page's heatmap.
 
-    {"text": "a sentence", "target"?: "its translation", "layer"?: -1, "head"?: null}
+    {"text": "a sentence", "target"?: "its translation", "layer"?: -1, "head"?: null, "target_lang"?: "fr"}
     -> {"source_tokens": [...], "target_tokens": [...], "layer": 5, "head": null, "layers": 6,
         "heads": 8, "weights": [[...], ...], "score": -0.41, "target_given": true}
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-FIELDS = ("text", "target", "layer", "head")
+FIELDS = ("text", "target", "layer", "head", "target_lang")
 
 
 @dataclass
@@ -33,6 +33,7 @@ class AttentionRequest:
     target: str | None
     layer: int = -1
     head: int | None = None
+    target_lang: str | None = None  # a multilingual model's target language
 
 
 def attention_call(req: AttentionRequest):
@@ -50,7 +51,7 @@ def attention_call(req: AttentionRequest):
             raise UserError(f'"layer" {req.layer} is out of range: the model has {layers} layers (0-based)')
         if req.head is not None and not 0 <= req.head < heads:
             raise UserError(f'"head" {req.head} is out of range: the model has {heads} heads (0-based)')
-        att = translator.attention(req.text, req.target)
+        att = translator.attention(req.text, req.target, target_lang=req.target_lang)
         cross = att.cross  # (layers, heads, T, S)
         layer = req.layer % layers
         w = cross[layer].mean(axis=0) if req.head is None else cross[layer, req.head]  # (T, S)

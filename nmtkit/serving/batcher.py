@@ -52,6 +52,7 @@ class Job:
     # terminology: "constraints", "avoid", "prefix" (per-sentence lists or None) and "ordered",
     # the Translator's keyword arguments; None: none (docs/serve.md)
     terms: dict | None = None
+    target_lang: list[str] | None = None  # a multilingual model's target per sentence; None: the translator's
 
     @property
     def group(self) -> Hashable:
@@ -98,14 +99,19 @@ class Batcher:
         the translator's UserError for an impossible setting (nbest above beam, ...)."""
         return self.translator.search_config(**settings)
 
-    def submit(self, sentences: Sequence[str], settings: dict | None = None, terms: dict | None = None) -> Job:
+    def submit(self, sentences: Sequence[str], settings: dict | None = None, terms: dict | None = None,
+               target_lang: Sequence[str] | None = None) -> Job:
         """Queue one request; its `future` gets one list of `Translation`s per sentence, in order.
-        `terms`: the request's terminology (`Job.terms`), or None.
+        `terms`: the request's terminology (`Job.terms`), or None; `target_lang`: a multilingual
+        model's target language per sentence, or None. Requests into different languages share
+        batches (the language is a tag in each source).
 
         Raises QueueFull when its sentences do not fit in the queue, or after `close()`.
         """
         settings = dict(settings or {})
-        return self._enqueue(Job(list(sentences), settings, self.key(settings), time.monotonic(), terms=terms or None))
+        langs = None if target_lang is None else list(target_lang)
+        return self._enqueue(Job(list(sentences), settings, self.key(settings), time.monotonic(), terms=terms or None,
+                                 target_lang=langs))
 
     def _enqueue(self, job: Job) -> Job:
         with self._cond:
@@ -204,7 +210,7 @@ class Batcher:
         sentences = [s for j in jobs for s in j.sentences]
         t0 = time.perf_counter()
         try:
-            rows = self.translator.translate_nbest(sentences, **jobs[0].settings, **_terms(jobs))
+            rows = self.translator.translate_nbest(sentences, **jobs[0].settings, **_terms(jobs), **_langs(jobs))
         except Exception as e:  # noqa: BLE001 - reaches the request(s) at fault only
             if len(jobs) > 1:  # one request's input must not fail the others: each alone
                 for j in jobs:
@@ -248,3 +254,11 @@ def _terms(jobs: list[Job]) -> dict:
             out[name] = [x for j in jobs
                          for x in ((j.terms or {}).get(name) or [None] * len(j.sentences))]
     return out
+
+
+def _langs(jobs: list[Job]) -> dict:
+    """`target_lang` for the jobs' sentences together ({}: none names one): each job's list end to
+    end, None (the translator's own) for a job without it."""
+    if not any(j.target_lang for j in jobs):
+        return {}
+    return {"target_lang": [x for j in jobs for x in (j.target_lang or [None] * len(j.sentences))]}

@@ -150,6 +150,7 @@ def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) 
         "model": {"paths": [model_name(p) for p in opts.paths], "sha256": sha256s, "ema": opts.ema,
                   "architecture": tr.engine.architectures(), "runtime": tr.engine.name},
         "source_lang": tr.src_lang, "target_lang": tr.tgt_lang, "task": tr.task,
+        "languages": list(getattr(tr, "langs", [])),  # a multilingual model's (each request's "target_lang"); [] when bilingual
         "device": str(tr.device), "precision": opts.precision,
         "data": data_description(getattr(tr, "model_source", None)),
         "attention": bool(getattr(tr.engine, "teacher_forcing", False)),

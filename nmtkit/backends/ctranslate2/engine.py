@@ -191,7 +191,7 @@ class CTranslate2Engine(Engine):
         """
         out = self._translate(source, cfg, limit, suppress=False)
         t = self.tgt_dict
-        banned = {t[t.pad], t[t.bos]} - {t[t.eos]}
+        banned = ({t[t.pad], t[t.bos]} | {t[i] for i in cfg.banned}) - {t[t.eos]}
         redo = [i for i, res in enumerate(out) if any(tok in banned for hyp in res.hypotheses for tok in hyp)]
         if redo:
             for i, res in zip(redo, self._translate([source[i] for i in redo], cfg, limit, suppress=True)):
@@ -236,7 +236,8 @@ class CTranslate2Engine(Engine):
         opts = dict(max_input_length=0, max_decoding_length=limit, min_decoding_length=min(cfg.min_len, limit),
                     return_scores=True, return_end_token=True, no_repeat_ngram_size=cfg.no_repeat_ngram_size)
         if suppress:
-            opts["suppress_sequences"] = [[t[t.pad]]] + ([[t[t.bos]]] if t.bos != t.eos else [])
+            opts["suppress_sequences"] = ([[t[t.pad]]] + ([[t[t.bos]]] if t.bos != t.eos else [])
+                                          + [[t[i]] for i in cfg.banned])
         if cfg.sampling:
             samples = 1 if cfg.topk == 1 else cfg.beam  # top-1 sampling is greedy: one sample, repeated
             opts.update(beam_size=1, num_hypotheses=samples, length_penalty=alpha, sampling_topk=cfg.topk,

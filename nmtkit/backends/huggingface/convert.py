@@ -28,6 +28,7 @@ import json
 import shutil
 from pathlib import Path
 
+from nmtkit.data.languages import is_tag
 from nmtkit.errors import UserError
 
 INSTALL_HINT = "pip install -e '.[hf]' in the nmtkit checkout"
@@ -108,13 +109,14 @@ def marian_config(cfg, src_size: int, tgt_size: int) -> dict:
     }
 
 
-def generation_config(positions: int, beam: int = 4, lenpen: float = 0.6) -> dict:
+def generation_config(positions: int, beam: int = 4, lenpen: float = 0.6, banned: tuple[int, ...] = ()) -> dict:
     """nmtkit's search defaults as transformers' GenerationConfig fields (`--decoding fairseq`).
     `max_new_tokens`: what the model's `positions` allow after the start token (nmtkit's
     per-sentence limit, source length + 50, has no equivalent in a config: callers pass their
-    own `max_new_tokens`, which then replaces this one without a warning)."""
+    own `max_new_tokens`, which then replaces this one without a warning). `banned`: a
+    multilingual model's language tags, which no output holds (nmtkit bans them too)."""
     return {"decoder_start_token_id": 1, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
-            "forced_eos_token_id": 2, "suppress_tokens": [0, 1], "num_beams": beam,
+            "forced_eos_token_id": 2, "suppress_tokens": [0, 1, *banned], "num_beams": beam,
             "length_penalty": lenpen, "early_stopping": True, "max_new_tokens": positions - 1, "renormalize_logits": False}
 
 
@@ -147,7 +149,8 @@ def write(prepared, folder, quantization: str) -> dict:
     for pos in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
         pos.weight = torch.nn.Parameter(pos.create_weight(), requires_grad=False)
     model = model.to(getattr(torch, quantization))
-    model.generation_config = GenerationConfig(**generation_config(config["max_position_embeddings"]))
+    tags = tuple(i for i, tok in enumerate(vocabs[1]) if is_tag(tok))  # a multilingual model's (>>xx<<)
+    model.generation_config = GenerationConfig(**generation_config(config["max_position_embeddings"], banned=tags))
     transformers.utils.logging.disable_progress_bar()  # the export's spinner says what happens
     model.save_pretrained(str(folder))
     # MarianTokenizer's vocabularies: token -> nmtkit's id (a second file only when they differ)
