@@ -163,13 +163,20 @@ def _hyps(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
-def test_quickstart_smoke(tmp_path):
+@pytest.fixture(scope="module")
+def quickstart_smoke(tmp_path_factory):
+    """One `recipes/quickstart.sh --smoke` run, (work directory, result): its own test checks it,
+    and the recipes that start from the quickstart's model (finetune, distill) use it as it is."""
+    data = shared_file("multi30k", "train.de.gz").parent
+    work = tmp_path_factory.mktemp("qs") / "quickstart"
+    return work, _run(["bash", "recipes/quickstart.sh", "--smoke"], _env(work, NMTKIT_DATA=str(data)))
+
+
+def test_quickstart_smoke(quickstart_smoke):
     """recipes/quickstart.sh --smoke trains long enough to tell a working pipeline from a broken
     one: the validation loss falls and the translations are not empty (a model of 30 updates
     gave only empty ones)."""
-    data = shared_file("multi30k", "train.de.gz").parent
-    work = tmp_path / "quickstart"
-    r = _run(["bash", "recipes/quickstart.sh", "--smoke"], _env(work, NMTKIT_DATA=str(data)))
+    work, r = quickstart_smoke
     assert r.returncode == 0, r.stderr[-3000:]
     m = SCORE_LINE.search(r.stdout)
     assert m and "| lines: 1000" in m.group(0), r.stdout  # the whole test_2016_flickr
@@ -184,12 +191,13 @@ TABLE_ROW = re.compile(r"^  (news \(newstest2014, last 100 lines, held out\)|Mul
                        r"\s+(\d+\.\d\d) -> +(\d+\.\d\d)$", re.M)
 
 
-def test_finetune_smoke(tmp_path):
-    """recipes/finetune.sh --smoke: the quickstart's smoke model (made on the way), fine-tuned on
-    300 news pairs binarized with its own vocabulary; both test sets scored before and after."""
+def test_finetune_smoke(tmp_path, quickstart_smoke):
+    """recipes/finetune.sh --smoke: the quickstart's smoke model, fine-tuned on 300 news pairs
+    binarized with its own vocabulary; both test sets scored before and after."""
     data = shared_file("multi30k", "train.de.gz").parent
     shared_file("wmt14", "newstest2013.de.gz")
-    work, qs = tmp_path / "finetune", tmp_path / "quickstart"
+    work, qs = tmp_path / "finetune", quickstart_smoke[0]
+    assert quickstart_smoke[1].returncode == 0, quickstart_smoke[1].stderr[-3000:]
     env = _env(work, NMTKIT_DATA=str(data), QUICKSTART_WORK=str(qs))
     r = _run(["bash", "recipes/finetune.sh", "--smoke"], env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -373,3 +381,110 @@ def test_wmt14_data_errors(tmp_path):
     assert r.returncode == 2 and "no <seg> lines" in r.stderr and not (tmp_path / "o").exists()
     r = subprocess.run(tool + ["slice", str(tmp_path / "s.en"), str(tmp_path / "o"), "2", "5"], capture_output=True, text=True)
     assert r.returncode == 2 and "has only 2" in r.stderr and not (tmp_path / "o").exists()
+
+
+ML_ROW = re.compile(r"^([a-z]{2}-[a-z]{2}) +(\d+\.\d\d)  (yes|no) *(?: +(\d+\.\d))?$", re.M)
+ML_MEAN = re.compile(r"^mean over the (\d+) (supervised|zero-shot) directions: BLEU (\d+\.\d\d)"
+                     r"(?:, off-target (\d+\.\d) %)?$", re.M)
+ML_ALL = ["de-en", "en-de", "de-fr", "fr-de", "de-cs", "cs-de", "en-fr", "fr-en", "en-cs", "cs-en", "fr-cs", "cs-fr"]
+
+
+def _has_langid() -> bool:
+    """Whether this interpreter's environment has langid (the recipe installs it when it can)."""
+    return subprocess.run([sys.executable, "-c", "import langid"], capture_output=True).returncode == 0
+
+
+def test_multilingual_smoke(tmp_path):
+    """recipes/multilingual.sh --smoke: one model for the 12 directions among de, en, fr, cs;
+    validated per direction, every direction translated and scored in one table, no language tag
+    in any output; a re-run is up to date. English-centric's table marks the 6 directions without
+    English as zero-shot (its score stage, run on the same translations)."""
+    data = shared_file("multi30k", "train.cs.gz").parent
+    work = tmp_path / "multilingual"
+    env = _env(work, NMTKIT_DATA=str(data))
+    r = _run(["bash", "recipes/multilingual.sh", "--smoke"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = ML_ROW.findall(r.stdout)
+    assert [row[0] for row in rows] == ML_ALL and all(row[2] == "no" for row in rows), r.stdout
+    means = ML_MEAN.findall(r.stdout)
+    assert [m[:2] for m in means] == [("12", "supervised")], r.stdout  # no zero-shot direction in MODE=all
+    assert float(means[0][2]) == pytest.approx(sum(float(row[1]) for row in rows) / 12, abs=0.006)
+    if _has_langid():  # the tags choose the output language: every direction mostly in its target's
+        assert all(row[3] and float(row[3]) < 50 for row in rows), r.stdout
+    else:
+        assert all(not row[3] for row in rows) and "off-target column is left out" in r.stderr
+    # the log: 300 updates, every direction validated; the printed totals are the log's
+    log = [json.loads(line) for line in (work / "checkpoints" / "train_log.jsonl").read_text().splitlines()]
+    valid = [rec for rec in log if rec["type"] == "valid"]
+    assert valid and all(sorted(rec["directions"]) == sorted(ML_ALL) for rec in valid), valid
+    tokens = sum(rec["tgt_tokens"] for rec in log if rec["type"] == "train")
+    assert f"trained with 300 updates, {tokens} target tokens" in r.stdout
+    _assert_valid_loss_fell(work / "checkpoints", r.stdout)
+    # 200 translations per direction, none with a tag; nothing printed has one either
+    for d in ML_ALL:
+        hyps = _hyps(work / "results" / f"{d}.hyp")
+        assert len(hyps) == 200 and sum(1 for h in hyps if h.strip()) >= 100, (d, hyps[:5])
+        assert not [h for h in hyps if ">>" in h], d
+    table = r.stdout[r.stdout.index("direction    BLEU"):]
+    assert not [line for line in table.splitlines() if ">>" in line], table
+
+    r2 = _run(["bash", "recipes/multilingual.sh", "--smoke"], env)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert r2.stderr.count("up to date") == 6 and "running" not in r2.stderr, r2.stderr
+    assert r2.stdout == table
+
+    # MODE=english-centric marks de<->fr, de<->cs, fr<->cs zero-shot and averages them apart
+    # (STAGE=score: the table of these translations; the earlier stages are not run)
+    r3 = _run(["bash", "recipes/multilingual.sh", "--smoke"], {**env, "MODE": "english-centric", "STAGE": "score"})
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    rows3 = ML_ROW.findall(r3.stdout)
+    assert [(row[0], row[2]) for row in rows3] == [(d, "no") for d in ("de-en", "en-de", "fr-en", "en-fr", "cs-en", "en-cs")] + [
+        (d, "yes") for d in ("de-fr", "fr-de", "de-cs", "cs-de", "fr-cs", "cs-fr")], r3.stdout
+    assert [m[:2] for m in ML_MEAN.findall(r3.stdout)] == [("6", "supervised"), ("6", "zero-shot")], r3.stdout
+
+
+def test_multilingual_refuses_bad_settings(tmp_path):
+    env = _env(tmp_path / "w", SMOKE="1")
+    for extra, msg in [({"MODE": "pivot"}, "MODE must be all or english-centric, got 'pivot'"),
+                       ({"VALIDATE_INTERVAL": "often"}, "VALIDATE_INTERVAL must be a non-negative integer, got 'often'"),
+                       ({"STAGE": "translate"}, "STAGE=translate is not a stage; stages: data preprocess train average generate score")]:
+        r = _run(["bash", "recipes/multilingual.sh"], {**env, **extra})
+        assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)
+    r = _run(["bash", "recipes/multilingual.sh", "--fast"], env)
+    assert r.returncode == 2 and "unknown option --fast" in r.stderr
+    assert not (tmp_path / "w").exists()  # refused before writing anything
+
+
+DISTILL_ROW = re.compile(r"^  (teacher|student \(transformer_tiny\)) +(fp32|int8) +(\d+\.\d\d) +([\d.]+) +([\d.]+)$", re.M)
+
+
+def test_distill_smoke(tmp_path, quickstart_smoke):
+    """recipes/distill.sh --smoke: the quickstart's smoke model as teacher translates its training
+    source; a student trains on those translations with the teacher's vocabulary; teacher and
+    student, fp32 and int8, are scored and timed at batch 1 and 128; a rerun is up to date."""
+    data = shared_file("multi30k", "train.de.gz").parent
+    qs, qr = quickstart_smoke
+    assert qr.returncode == 0, qr.stderr[-3000:]
+    work = tmp_path / "distill"
+    env = _env(work, NMTKIT_DATA=str(data), QUICKSTART_WORK=str(qs))
+    r = _run(["bash", "recipes/distill.sh", "--smoke"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = DISTILL_ROW.findall(r.stdout)
+    assert [(w.split(" ")[0], q) for w, q, *_ in rows] == [
+        ("teacher", "fp32"), ("teacher", "int8"), ("student", "fp32"), ("student", "int8")], r.stdout
+    assert all(float(b1) > 0 and float(b128) > 0 for *_, b1, b128 in rows), rows
+    # the student learned from the teacher's translations: its training targets are them, line for line
+    distilled = _hyps(work / "raw" / "distilled.en")
+    assert len(distilled) == len(_lines(qs / "raw" / "train.de.gz")) == 2000
+    assert _hyps(work / "raw" / "train.en") == distilled
+    teacher_hyp = _hyps(work / "results" / "teacher.fp32.b128.hyp")
+    assert len(teacher_hyp) == 200 and sum(1 for h in teacher_hyp if h.strip()) >= 100
+    # the student reads and writes the teacher's pieces: the same dictionaries
+    from nmtkit import checkpoints as ck
+
+    teacher = ck.load_checkpoint(qs / "checkpoints" / "average_last2.pt")
+    student = ck.load_checkpoint(work / "checkpoints" / "average_last2.pt")
+    assert student["dictionaries"] == teacher["dictionaries"] and student["arch"] == "transformer_tiny"
+    r2 = _run(["bash", "recipes/distill.sh", "--smoke"], env)
+    assert r2.returncode == 0 and r2.stderr.count("up to date") == 7, r2.stderr[-3000:]
+    assert DISTILL_ROW.findall(r2.stdout) == rows

@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# One multilingual model for Multi30k's German, English, French and Czech, from raw text to a
+# table of sacreBLEU and off-target rates per direction (docs/multilingual.md, "The recipe").
+#
+#   bash recipes/multilingual.sh [--smoke]    # or: SMOKE=1 bash recipes/multilingual.sh
+#   MODE=english-centric bash recipes/multilingual.sh
+#
+# Modes (MODE):
+#   all              (default) the 12 directions among de, en, fr, cs are trained and evaluated
+#   english-centric  de-en, en-de, fr-en, en-fr, cs-en, en-cs are trained; the 6 directions
+#                    without English (de<->fr, de<->cs, fr<->cs) are translated all the same and
+#                    scored as zero-shot
+# Stages (each skipped when its verified output exists, so a re-run continues where it stopped):
+#   data        Multi30k task 1 raw text in the four languages: $NMTKIT_DATA if set, else
+#               downloaded into a cache
+#   preprocess  one multilingual data directory for the trained pairs (nmtkit preprocess
+#               --pairs): a joint sentencepiece model (VOCAB_SIZE pieces) and dictionary
+#   train       the quickstart's model (d_model 256, 3+3 layers, 4 heads, d_ff 1024, shared
+#               embeddings) and schedule, the pairs sampled at SAMPLING_TEMPERATURE, for
+#               MAX_UPDATE = 8000 updates (the quickstart's 1600 took 20 minutes on 2 CPU cores;
+#               a GPU is used when present and is much faster), validated per direction every
+#               VALIDATE_INTERVAL updates, a checkpoint every SAVE_INTERVAL_UPDATES updates
+#   average     the last AVG_N checkpoints averaged into one model
+#   generate    test_2016_flickr (1000 sentences) translated in every evaluated direction, the
+#               source language's lines as raw text with --target-lang: beam 4, length penalty
+#               0.6, the quickstart's decoding; one nmtkit generate per target language
+#   score       sacreBLEU per direction; one table on stdout: direction, BLEU, zero-shot or not,
+#               off-target % (the share of non-empty outputs that langid, restricted to the four
+#               languages, says are in another language than the target), then the means over
+#               the supervised and the zero-shot directions, and the updates and target tokens
+#               the model was trained with (from its training log)
+#
+# Options:
+#   --smoke     CI-sized run of the same pipeline (on CPU, in a separate work directory; SMOKE=1
+#               in the environment does the same): the first 2000 lines of every language,
+#               1000 pieces, transformer_tiny, 300 updates at learning rate 5e-3 as the
+#               quickstart's smoke run (validated at 150 and 300), the first 200 test lines,
+#               fairseq's decoding (DECODING). It checks the pipeline, not the model: BLEU stays
+#               near 1 (docs/multilingual.md, "The recipe").
+# Environment (every setting below can be overridden, e.g. MAX_UPDATE=16000 for a longer run):
+#   MODE          all (default) or english-centric
+#   NMTKIT_DATA   folder holding {train,val,test_2016_flickr}.{de,en,fr,cs}.gz
+#   NMTKIT_CACHE  where downloads go (default: ${XDG_CACHE_HOME:-~/.cache}/nmtkit/multi30k)
+#   NMTKIT_MULTI30K_URL  download location (default: the GitHub multi30k/dataset task1/raw folder)
+#   NMTKIT_WORK   work directory (default: ./runs/multi30k_4way_all or ..._english_centric,
+#                 with _smoke added for --smoke)
+#   STAGE=name    start from this stage (it and every later stage run); LAST_STAGE=name stops after it
+#   VOCAB_SIZE, SAMPLING_TEMPERATURE, MAX_UPDATE, MAX_TIME, LR, WARMUP, MAX_TOKENS, DROPOUT,
+#   VALIDATE_INTERVAL, SAVE_INTERVAL_UPDATES, AVG_N, BEAM, LENPEN, DECODING (paper|fairseq),
+#   DEVICE (auto|cpu|cuda), THREADS, WORKERS: see the settings block
+# The off-target column needs langid (the optional extra `langid`: pip install -e '.[langid]');
+# the recipe installs it into its environment, and leaves the column out, saying so, when it cannot.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+RECIPE_NAME=multilingual
+
+SMOKE=${SMOKE:-0}                   # SMOKE=1 in the environment is the same as --smoke
+for arg in "$@"; do
+    case $arg in
+        --smoke) SMOKE=1 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "[multilingual] error: unknown option $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+s() { if [ "$SMOKE" = 1 ]; then echo "$1"; else echo "$2"; fi; }   # s SMOKE_VALUE FULL_VALUE
+
+# ---------------------------------------------------------------- settings -------------------
+MODE=${MODE:-all}
+LANGS="de en fr cs"
+MULTI30K_URL=${NMTKIT_MULTI30K_URL:-https://github.com/multi30k/dataset/raw/master/data/task1/raw}
+WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_4way_${MODE//-/_}$(s _smoke "")}
+SMOKE_TRAIN_LINES=2000              # --smoke: the first 2000 lines of every language
+TEST_LINES=$(s 200 1000)            # test_2016_flickr lines translated (1000: all of it)
+VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 16000)}  # joint over four languages: the quickstart's 8000 for two
+WORKERS=${WORKERS:-1}
+# The quickstart's model and schedule (recipes/quickstart.sh): transformer_base with 3+3 layers,
+# d_model 256, 4 heads, d_ff 1024, all embeddings shared; inverse_sqrt at 1e-3 after 400 warmup
+# updates, 2048 tokens a batch. Twelve directions share it, so it trains five times as long
+# (8000 updates, 2.7 epochs of the 12 x 29000 pairs); the directions' batches are mixed.
+if [ "$SMOKE" = 1 ]; then
+    ARCH_FLAGS=(--arch transformer_tiny)
+else
+    ARCH_FLAGS=(--arch transformer_base --encoder-layers 3 --decoder-layers 3 --d-model 256
+                --d-ff 1024 --heads 4 --share-embeddings all --dropout "${DROPOUT:-0.1}")
+fi
+SAMPLING_TEMPERATURE=${SAMPLING_TEMPERATURE:-5}  # equal-sized pairs here: every T gives equal shares
+LR=${LR:-$(s 5e-3 1e-3)}
+WARMUP=${WARMUP:-$(s 50 400)}
+MAX_TOKENS=${MAX_TOKENS:-$(s 1024 2048)}
+MAX_UPDATE=${MAX_UPDATE:-$(s 300 8000)}
+MAX_TIME=${MAX_TIME:-}                  # optional wall-clock cap, e.g. 2h (results then vary)
+VALIDATE_INTERVAL=${VALIDATE_INTERVAL:-$(s 150 2000)}  # also at epoch ends; 0: there only
+SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(s 10 500)}
+AVG_N=${AVG_N:-$(s 2 5)}
+SEED=${SEED:-1}
+BEAM=${BEAM:-4}
+LENPEN=${LENPEN:-0.6}
+# the quickstart's decoding (paper: the GNMT length penalty, exact stopping); --smoke: fairseq's
+# rules, which keep a weak model's outputs from stopping after one word, so that the off-target
+# column has sentences to judge (the tiny model's "Eine" or "Un" alone is no test of a language)
+DECODING=${DECODING:-$(s fairseq paper)}
+MAX_LEN_A=1 MAX_LEN_B=50               # output limit: input length + 50 (the paper's)
+DEVICE=${DEVICE:-$(s cpu auto)}
+THREADS=${THREADS:-$(s 1 "$(nproc)")}
+# ---------------------------------------------------------------------------------------------
+
+# shellcheck disable=SC1091
+. recipes/lib/stages.sh
+# shellcheck disable=SC1091
+. recipes/lib/env.sh
+
+DATA_BIN=$WORK/data
+CKPT_DIR=$WORK/checkpoints
+AVG_CKPT=$CKPT_DIR/average_last$AVG_N.pt
+RESULTS=$WORK/results
+SCORE_FILE=$WORK/score.txt
+STAMP_DIR=$WORK/stamps
+STAGES=(data preprocess train average generate score)
+
+case $MODE in
+    all) TRAINED="de-en en-de de-fr fr-de de-cs cs-de en-fr fr-en en-cs cs-en fr-cs cs-fr"; ZERO_SHOT="" ;;
+    english-centric) TRAINED="de-en en-de fr-en en-fr cs-en en-cs"; ZERO_SHOT="de-fr fr-de de-cs cs-de fr-cs cs-fr" ;;
+    *) die "MODE must be all or english-centric, got '$MODE'" ;;
+esac
+EVALUATED="$TRAINED $ZERO_SHOT"
+
+multi30k_files() {  # the twelve file names, one a line
+    local split l
+    for split in train val test_2016_flickr; do for l in $LANGS; do echo "$split.$l.gz"; done; done
+}
+
+download_multi30k() {  # download_multi30k DIR: the files DIR lacks, each checked as gzip
+    local f
+    for f in $(multi30k_files); do
+        [ -s "$1/$f" ] && continue
+        say "data: downloading $MULTI30K_URL/$f"
+        python - "$MULTI30K_URL/$f" "$1/$f" <<'EOF'
+import gzip, os, sys, urllib.request
+url, dest = sys.argv[1], sys.argv[2]
+tmp = dest + ".part"
+try:
+    with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as fh:
+        fh.write(r.read())
+    with gzip.open(tmp) as g:  # a truncated or HTML download fails here, not later
+        while g.read(1 << 20):
+            pass
+except Exception as e:
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    sys.exit(f"[multilingual] cannot download {url}: {e}\n"
+             "  (offline?) Put the twelve Multi30k files in a folder and set NMTKIT_DATA to it.")
+os.replace(tmp, dest)
+EOF
+    done
+}
+
+stage_data() {
+    local f
+    if [ -n "${NMTKIT_DATA:-}" ]; then
+        RAW=$NMTKIT_DATA
+        for f in $(multi30k_files); do
+            [ -f "$RAW/$f" ] || die "NMTKIT_DATA=$RAW has no $f"
+        done
+        say "data: using $RAW"
+    else
+        RAW=${NMTKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nmtkit/multi30k}
+        mkdir -p "$RAW"
+        download_multi30k "$RAW"
+        say "data: $RAW"
+    fi
+    # --smoke trains on the first SMOKE_TRAIN_LINES lines only (the same images in every
+    # language); test.LANG.gz: the first TEST_LINES test lines, translated; val stays complete.
+    mkdir -p "$WORK/raw"
+    # shellcheck disable=SC2086
+    python - "$RAW" "$WORK/raw" "$(s "$SMOKE_TRAIN_LINES" 0)" "$TEST_LINES" $LANGS <<'EOF'
+import gzip, os, sys
+src, dst, n_train, n_test, langs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+for split, name_in, n in (("train", "train", n_train), ("val", "val", 0),
+                          ("test_2016_flickr", "test_2016_flickr", 0), ("test", "test_2016_flickr", n_test)):
+    for lang in langs:
+        with gzip.open(os.path.join(src, f"{name_in}.{lang}.gz"), "rb") as fh:
+            lines = fh.readlines()
+        if split == "test" and len(lines) < n:  # generate relies on N lines per direction
+            sys.exit(f"[multilingual] error: {src}/{name_in}.{lang}.gz has {len(lines)} lines, not {n}")
+        tmp = os.path.join(dst, f".{split}.{lang}.gz.tmp")
+        with gzip.open(tmp, "wb") as fo:
+            fo.writelines(lines[:n] if n else lines)
+        os.replace(tmp, os.path.join(dst, f"{split}.{lang}.gz"))
+EOF
+    for f in $(multi30k_files); do STAGE_OUTPUTS+=("$WORK/raw/$f"); done
+    for f in $LANGS; do STAGE_OUTPUTS+=("$WORK/raw/test.$f.gz"); done
+}
+
+stage_preprocess() {
+    nmtkit preprocess --pairs "$(echo "$TRAINED" | tr ' ' ,)" \
+        --trainpref "$WORK/raw/train" --validpref "$WORK/raw/val" --testpref "$WORK/raw/test_2016_flickr" \
+        --destdir "$DATA_BIN" --vocab-size "$VOCAB_SIZE" --workers "$WORKERS" --force
+    STAGE_OUTPUTS+=("$DATA_BIN/manifest.json")
+}
+
+stage_train() {
+    local cap=()
+    if [ -n "$MAX_TIME" ]; then cap=(--max-time "$MAX_TIME"); fi
+    check_run_settings "$CKPT_DIR" "data=$K_PREPROCESS" "arch=${ARCH_FLAGS[*]}" "LR=$LR" \
+        "WARMUP=$WARMUP" "MAX_TOKENS=$MAX_TOKENS" "SAMPLING_TEMPERATURE=$SAMPLING_TEMPERATURE" "SEED=$SEED"
+    nmtkit train "$DATA_BIN" "${ARCH_FLAGS[@]}" --save-dir "$CKPT_DIR" \
+        --sampling-temperature "$SAMPLING_TEMPERATURE" \
+        --lr-scheduler inverse_sqrt --lr "$LR" --warmup-updates "$WARMUP" \
+        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" "${cap[@]}" \
+        --validate-interval-updates "$VALIDATE_INTERVAL" \
+        --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-last-updates "$AVG_N" \
+        --no-epoch-checkpoints --seed "$SEED" --log-interval 50 --device "$DEVICE" --threads "$THREADS"
+    show_valid_loss "$CKPT_DIR"
+    STAGE_OUTPUTS+=("$CKPT_DIR/checkpoint_last.pt")
+}
+
+stage_generate() {  # RESULTS/SRC-TGT.hyp for every evaluated direction, from the raw source text
+    # One `nmtkit generate` per target language (its start-up, not the search, is most of a
+    # small run's time): the test sources of the directions into it, one file after the other.
+    local gen=() tgt dirs dir i
+    if [ "$DEVICE" != cuda ]; then gen+=(--threads "$THREADS"); fi  # CPU threads
+    mkdir -p "$RESULTS"
+    for tgt in $LANGS; do
+        dirs=$(for dir in $EVALUATED; do [ "${dir#*-}" != "$tgt" ] || echo "$dir"; done)
+        [ -n "$dirs" ] || continue
+        for dir in $dirs; do gzip -dc "$WORK/raw/test.${dir%-*}.gz"; done > "$RESULTS/into_$tgt.src"
+        nmtkit generate "$DATA_BIN" --path "$AVG_CKPT" --input "$RESULTS/into_$tgt.src" --target-lang "$tgt" \
+            --beam "$BEAM" --lenpen "$LENPEN" --decoding "$DECODING" --max-len-a "$MAX_LEN_A" \
+            --max-len-b "$MAX_LEN_B" --device "$DEVICE" --output "$RESULTS/into_$tgt.hyp" "${gen[@]}"
+        i=0
+        for dir in $dirs; do  # the test sets are line-parallel: TEST_LINES lines per direction
+            sed -n "$((i * TEST_LINES + 1)),$(((i + 1) * TEST_LINES))p" "$RESULTS/into_$tgt.hyp" > "$RESULTS/$dir.hyp"
+            STAGE_OUTPUTS+=("$RESULTS/$dir.hyp")
+            i=$((i + 1))
+        done
+        rm -f "$RESULTS/into_$tgt.src" "$RESULTS/into_$tgt.hyp"
+    done
+}
+
+show_score() {
+    cat "$SCORE_FILE"
+    if [ "$SMOKE" = 1 ]; then
+        say "--smoke checks the pipeline, not the model: transformer_tiny after $MAX_UPDATE updates on" \
+            "$SMOKE_TRAIN_LINES lines per language scores near 1 BLEU"
+    fi
+}
+
+score_table() {  # the table on stdout: BLEU from the score lines, off-target % by langid
+    python - "$RESULTS" "$TRAINED" "$ZERO_SHOT" <<'EOF'
+import re, sys
+results, trained, zero = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+try:
+    import langid
+    langid.set_languages(sorted({lang for d in trained + zero for lang in d.split("-")}))
+except ImportError:
+    langid = None
+    print("[multilingual] the off-target column is left out: langid is missing "
+          "(pip install -e '.[langid]')", file=sys.stderr)
+
+def off_target(d):  # % of the non-empty outputs identified as another language than the target
+    with open(f"{results}/{d}.hyp", encoding="utf-8") as fh:
+        hyps = [h for h in fh.read().split("\n") if h.strip()]
+    return 100.0 * sum(langid.classify(h)[0] != d.split("-")[1] for h in hyps) / max(len(hyps), 1)
+
+rows = []
+for d in trained + zero:
+    with open(f"{results}/{d}.bleu", encoding="utf-8") as fh:
+        bleu = float(re.match(r"BLEU = (\d+\.\d+) ", fh.read()).group(1))
+    rows.append((d, bleu, d in zero, off_target(d) if langid else None))
+print(f"{'direction':<10} {'BLEU':>6}  zero-shot" + ("  off-target %" if langid else ""))
+for d, bleu, z, off in rows:
+    print(f"{d:<10} {bleu:6.2f}  {'yes' if z else 'no':<9}" + (f"  {off:12.1f}" if langid else ""))
+for name, z in (("supervised", False), ("zero-shot", True)):
+    sel = [r for r in rows if r[2] == z]
+    if sel:
+        off = f", off-target {sum(r[3] for r in sel) / len(sel):.1f} %" if langid else ""
+        print(f"mean over the {len(sel)} {name} directions: BLEU {sum(r[1] for r in sel) / len(sel):.2f}{off}")
+EOF
+}
+
+trained_with() {  # trained_with LOG: the updates and target tokens of the run's train records
+    python - "$1" <<'EOF'
+import json, sys
+train = []  # the records of the run that made the checkpoints (a resumed run drops the rest)
+with open(sys.argv[1], encoding="utf-8") as fh:
+    for rec in map(json.loads, fh):
+        if rec["type"] == "start" and rec.get("resumed"):
+            train = [t for t in train if t["update"] <= rec["update"]]
+        elif rec["type"] == "train":
+            train.append(rec)
+covered, tokens = sum(t["updates"] for t in train), sum(t["tgt_tokens"] for t in train)
+last = train[-1]["update"] if train else 0
+print(f"trained with {last} updates, {tokens} target tokens" +
+      (f" (tokens counted over the {covered} updates the log covers)" if covered != last else ""))
+EOF
+}
+
+stage_score() {
+    local dir
+    for dir in $EVALUATED; do
+        nmtkit score --sys "$RESULTS/$dir.hyp" --ref "$WORK/raw/test.${dir#*-}.gz" --metric bleu > "$RESULTS/$dir.bleu"
+        STAGE_OUTPUTS+=("$RESULTS/$dir.bleu")
+    done
+    { score_table; trained_with "$CKPT_DIR/train_log.jsonl"; } > "$SCORE_FILE.tmp"
+    mv -f "$SCORE_FILE.tmp" "$SCORE_FILE"
+    show_score
+    STAGE_OUTPUTS+=("$SCORE_FILE")
+}
+
+[[ $SMOKE =~ ^[01]$ ]] || die "SMOKE must be 0 or 1, got '$SMOKE'"
+for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
+done
+stages_init "${STAGE:-}" "${LAST_STAGE:-}"
+nmtkit_env || die "could not set up the Python environment (recipes/lib/env.sh)"
+ACTIVATED=$NMTKIT_ENV_ACTIVATED
+if ! python -c 'import langid' 2>/dev/null; then  # the off-target column's language identifier
+    nmtkit_env langid || say "could not install the extra langid: the off-target column will be left out"
+fi
+say "work dir $WORK$(s ' (--smoke)' ''); MODE=$MODE: trains $TRAINED${ZERO_SHOT:+; zero-shot $ZERO_SHOT}"
+
+K_DATA=$(key data "${NMTKIT_DATA:-download}" "$MULTI30K_URL" "$SMOKE" "$SMOKE_TRAIN_LINES" "$TEST_LINES")
+K_PREPROCESS=$(key preprocess "$K_DATA" "$TRAINED" "$VOCAB_SIZE")
+K_TRAIN=$(key train "$K_PREPROCESS" "${ARCH_FLAGS[@]}" "$SAMPLING_TEMPERATURE" "$LR" "$WARMUP" "$MAX_TOKENS" \
+    "$MAX_UPDATE" "$MAX_TIME" "$VALIDATE_INTERVAL" "$SAVE_INTERVAL_UPDATES" "$SEED")
+K_AVERAGE=$(key average "$K_TRAIN" "$AVG_N")
+K_GENERATE=$(key generate "$K_AVERAGE" "$EVALUATED" "$BEAM" "$LENPEN" "$DECODING")
+HAVE_LANGID=$(python -c 'import langid' 2>/dev/null && echo yes || echo no)
+K_SCORE=$(key score "$K_GENERATE" "$HAVE_LANGID")  # langid installed later: the column is added
+
+run_stage data "$K_DATA" stage_data
+run_stage preprocess "$K_PREPROCESS" stage_preprocess
+run_stage train "$K_TRAIN" stage_train
+run_stage average "$K_AVERAGE" stage_average
+run_stage generate "$K_GENERATE" stage_generate
+run_stage score "$K_SCORE" stage_score show_score
+if [ -n "$ACTIVATED" ]; then
+    say "nmtkit is installed in $ACTIVATED; to run it yourself: source $ACTIVATED/bin/activate"
+fi
