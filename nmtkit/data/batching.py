@@ -18,6 +18,9 @@ the cost, so the bound still holds for the tensors actually built.
 
 A pair that cannot be used (source longer than the encoder's position limit, target longer than
 the decoder's, or one pair alone over `max_tokens`) is skipped and counted, never a crash.
+
+Each epoch's plan also measures how much of the tensors it will be collated into is padding
+(`Padding`, the train log's `padding`): compute spent on nothing, which the bucketing keeps small.
 """
 
 from __future__ import annotations
@@ -370,14 +373,57 @@ def scan_sizes(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits) -> Size
     return SizeScan(kept, int(skips[0]), int(skips[1]), int(skips[2]), values, hist[values], max_src, max_tgt)
 
 
+@dataclass(frozen=True)
+class Padding:
+    """How much of a plan's collated tensors is padding, per side: `tokens` are the pairs' tokens
+    with the </s> (source, target) or <s> (decoder input) collation adds, `slots` the tensors'
+    entries, sentences x width (the longest + 1, rounded up to the pad multiple, as collate makes
+    them). The padding fraction is 1 - tokens / slots."""
+
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+    src_slots: int = 0
+    tgt_slots: int = 0
+
+    def __add__(self, other: "Padding") -> "Padding":
+        return Padding(self.src_tokens + other.src_tokens, self.tgt_tokens + other.tgt_tokens,
+                       self.src_slots + other.src_slots, self.tgt_slots + other.tgt_slots)
+
+    @staticmethod
+    def _share(tokens: int, slots: int) -> float:
+        return 1.0 - tokens / slots if slots else 0.0
+
+    @property
+    def fraction(self) -> float:
+        """Padding over all slots, source and target together."""
+        return self._share(self.src_tokens + self.tgt_tokens, self.src_slots + self.tgt_slots)
+
+    def to_dict(self) -> dict:
+        """The train log's `padding` entry: the fractions (both sides, source, target)."""
+        return {"fraction": round(self.fraction, 5), "source": round(self._share(self.src_tokens, self.src_slots), 5),
+                "target": round(self._share(self.tgt_tokens, self.tgt_slots), 5)}
+
+
+def batch_padding(src: np.ndarray, tgt: np.ndarray, starts: np.ndarray, pad_multiple: int) -> Padding:
+    """Padding of consecutive batches: src, tgt (n,) int64 sizes of their pairs in batch order,
+    starts (n_batches,) each batch's first index (every batch non-empty)."""
+    n = np.diff(np.append(starts, len(src)))  # (n_batches,) sentences
+    width_s = _round_up(np.maximum.reduceat(src, starts) + 1, pad_multiple)  # (n_batches,)
+    width_t = _round_up(np.maximum.reduceat(tgt, starts) + 1, pad_multiple)
+    return Padding(int(src.sum() + len(src)), int(tgt.sum() + len(tgt)), int((n * width_s).sum()),
+                   int((n * width_t).sum()))
+
+
 class BatchPlan:
     """One rank's batches of one epoch: `positions` (pair indices, int32 below 2**31 pairs) cut at
     `bounds` (batch b is positions[bounds[b]:bounds[b + 1]]). A sequence of index arrays (views),
-    so it reads like the list make_batches + shard_batches return, at 4 bytes per pair of this rank."""
+    so it reads like the list make_batches + shard_batches return, at 4 bytes per pair of this rank.
+    `padding`: how much of these batches' tensors will be padding (Padding)."""
 
-    def __init__(self, positions: np.ndarray, bounds: np.ndarray):
+    def __init__(self, positions: np.ndarray, bounds: np.ndarray, padding: Padding | None = None):
         self.positions = positions  # (n_pairs_of_this_rank,) int32 / int64
         self.bounds = bounds  # (n_batches + 1,) int64
+        self.padding = padding if padding is not None else Padding()
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -449,6 +495,7 @@ class _SortedPairs:
         del tie
         self.keys.sort()  # in place: the keys are unique, so any sort gives the one order
         self.rank_mask = np.uint64((1 << self.tie_bits) - 1)
+        self.src_shift = s_shift  # a key's source size starts at this bit, its target size right above
 
     def _lexsort(self, src_ds, tgt_ds, lim, tie) -> None:
         idx, src, tgt, lengths = [], [], [], []
@@ -458,12 +505,25 @@ class _SortedPairs:
         order = np.lexsort((tie if tie is not None else idx, src, tgt, lengths))
         self.keys, self.rank_mask = None, None
         self.owner = idx[order].astype(_position_dtype(max(len(src_ds), 1)))  # (n_kept,) slot -> pair
+        self.src, self.tgt = src[order], tgt[order]  # (n_kept,) sizes in slot order
 
     def positions(self, slots: np.ndarray) -> np.ndarray:
         """Pair positions at plan slots `slots`."""
         if self.keys is None:
             return self.owner[slots]
         return self.owner[self.keys[slots] & self.rank_mask]
+
+    def sizes(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source sizes, target sizes) (int64) of the pairs at plan slots `slots`: read off the keys."""
+        if self.keys is None:
+            return self.src[slots], self.tgt[slots]
+        u = np.uint64
+        keys = self.keys[slots]  # (n,) uint64, shifted in place: two arrays of 8 bytes per slot in all
+        keys >>= u(self.src_shift)  # the source size in the lowest bits, the target size above it
+        src = keys & u((1 << self.src_bits) - 1)
+        keys >>= u(self.src_bits)
+        keys &= u((1 << self.tgt_bits) - 1)
+        return src.view(np.int64), keys.view(np.int64)  # values far below 2**63: the same bits
 
 
 def build_plan(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits, scan: SizeScan, *, shuffle: bool,
@@ -483,13 +543,15 @@ def build_plan(src_ds: TokenDataset, tgt_ds: TokenDataset, lim: _Limits, scan: S
     mine = sizes[order]
     bounds = np.concatenate([[0], np.cumsum(mine)]).astype(np.int64)
     positions = np.empty(int(bounds[-1]), pairs.owner.dtype)
+    padding = Padding()
     step = GATHER_STEP  # batches gathered per step: the slot numbers are int64, so a bounded number at a time
     for c in range(0, len(order), step):
         b, lens = order[c : c + step], mine[c : c + step]
         local = np.concatenate([[0], np.cumsum(lens)[:-1]])
         slots = np.repeat(starts[b] - local, lens) + np.arange(int(lens.sum()))
         positions[bounds[c] : bounds[c] + len(slots)] = pairs.positions(slots)
-    return BatchPlan(positions, bounds)
+        padding += batch_padding(*pairs.sizes(slots), local, lim.pad_multiple)
+    return BatchPlan(positions, bounds, padding)
 
 
 class _PlanFilter(_SkipCounts):

@@ -166,7 +166,7 @@ class SampledEpochBatches:
             sel = self.selection(epoch)
             plan = EpochBatches(_SizesView(self._src_sizes, sel), _SizesView(self._tgt_sizes, sel),
                                 **self._kw).batches(epoch)
-            self._cache = (epoch, BatchPlan(sel[plan.positions], plan.bounds))
+            self._cache = (epoch, BatchPlan(sel[plan.positions], plan.bounds, plan.padding))
         return self._cache[1]
 
     def __len__(self) -> int:

@@ -203,9 +203,22 @@ def label_smoothed_cross_entropy(
     return loss, nll, ntokens
 
 
+def nonpad_positions(target: torch.Tensor, ignore_index: int, ntokens: int) -> torch.Tensor:
+    """The positions of the `ntokens` non-pad entries of target (N,), ascending: (ntokens,) long.
+
+    Why not target != ignore_index as a boolean index: the size of that result is known only after
+    reading the mask back from the device, and on CUDA the host waits for every queued kernel to get
+    it. With the count known on the host (training counts the collated batch before it moves), the
+    k-th position (k = 1 .. ntokens) is where the running count of non-pad entries first reaches k:
+    a scan and a binary search on the device, nothing read back. `ntokens` must be the true count.
+    """
+    seen = (target != ignore_index).cumsum(0)  # (N,) non-pad entries up to and including each position
+    return torch.searchsorted(seen, torch.arange(1, ntokens + 1, device=target.device))
+
+
 def fused_label_smoothed_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = 0,
-    bias: torch.Tensor | None = None, chunk_elements: int = CHUNK_ELEMENTS,
+    bias: torch.Tensor | None = None, chunk_elements: int = CHUNK_ELEMENTS, ntokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """`label_smoothed_cross_entropy(F.linear(hidden, weight, bias), target, ...)`, without the logits.
 
@@ -215,14 +228,19 @@ def fused_label_smoothed_cross_entropy(
     Only the non-pad positions are projected, `chunk_elements` // V of them at a time, so no
     (N, V) tensor, logits or gradient, is ever held. The projection runs in autocast's dtype when
     autocast is on (as the model's own output layer would), the softmax statistics in float32.
+    `ntokens`: the number of non-pad positions of `target` when the caller knows it on the host;
+    then nothing is read back from the device (see nonpad_positions). Without it they are counted
+    here, which waits for the device.
     """
     d = hidden.size(-1)
     tgt = target.reshape(-1)  # (N,)
-    keep = tgt != ignore_index  # (N,)
-    h, tgt = hidden.reshape(-1, d)[keep], tgt[keep]  # (n, d), (n,)
+    if ntokens is None:
+        ntokens = int((tgt != ignore_index).sum())
+    keep = nonpad_positions(tgt, ignore_index, ntokens)  # (n,)
+    h, tgt = hidden.reshape(-1, d).index_select(0, keep), tgt.index_select(0, keep)  # (n, d), (n,)
     rows = max(1, chunk_elements // weight.size(0))
     loss, nll = _FusedProjectionCE.apply(h, weight, bias, tgt, float(epsilon), rows, torch.is_grad_enabled())
-    return loss, nll, tgt.numel()
+    return loss, nll, ntokens
 
 
 def bits_per_token(loss_sum: float, ntokens: int) -> float:

@@ -14,6 +14,8 @@ Log records (every record has "type", "time" (UTC ISO) and "update"):
      --eval-bleu), "best", "bad_validations", "weights": "raw" | "ema"}
         multilingual: the figures are the unweighted means over the validated directions (tokens
         summed), and "directions": {"de-en": {"loss", "nll_loss", "ppl", "tgt_tokens", "bleu"}, ...}
+    {"type": "epoch", "epoch", "batches", "padding": {"fraction", "source", "target"}}
+        one per later epoch of a run; the start record holds "padding" of the epoch it starts in
     {"type": "skip", "reason": "nan" | "oom" | "fp16_overflow", ...}
     {"type": "checkpoint", "files": [...], "seconds": s}
     {"type": "end", "reason": "max_update" | "max_epoch" | "max_time" | "patience" | "signal" | ...}

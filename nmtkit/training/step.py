@@ -15,6 +15,15 @@ What one update does (K = --update-freq micro-batches on each of W ranks):
      ("oom", one process only);
   5. clip to --clip-norm, Adam step, EMA update.
 
+Host synchronisation: on CUDA the host queues kernels ahead of the device and only waits where
+it reads a value back. An update reads back once (`read_back`), after the gradient norm: the
+target-token and sentence counts and the loop's flags (summed over ranks on the device), the
+norm and the loss sums travel together, and the host decides from them whether the update is
+finite (fairseq makes the same check) before it steps. Nothing else in the update waits for the
+device: the token count that normalizes the loss is a device scalar, and the loss gathers the
+non-pad target positions with a count taken from the batch's host copy. The only other read is
+the fp16 loss scale after an overflow (a skipped update), checked against MIN_LOSS_SCALE.
+
 Why a module of its own: the step is the numerical heart of training and is pinned by
 tests/test_update_step.py against independent references; it touches no counters, files or
 logs. It returns a `StepResult`, which the loop counts (state.TrainState.count), logs and
@@ -27,8 +36,10 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from nmtkit.data.batching import PAD
 from nmtkit.errors import UserError
 from nmtkit.training import distributed as D
 from nmtkit.training.ema import EMA
@@ -81,6 +92,21 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
 
 
+def read_back(t: torch.Tensor) -> list[float]:
+    """The update's one read of the device: t's values on the host. On CUDA the host waits here
+    for every kernel queued so far (see "Host synchronisation" in the module docstring)."""
+    return t.tolist()
+
+
+def host_nonpad_count(target: torch.Tensor) -> int | None:
+    """Non-pad positions of a collated target still on the host, counted there (numpy), so that
+    the loss gathers them on the device without reading anything back; None for a target already
+    on the device (the loss then counts them itself, waiting for the device)."""
+    if target.device.type != "cpu":
+        return None
+    return int(np.count_nonzero(target.numpy() != PAD))
+
+
 def is_oom(e: BaseException) -> bool:
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom_type is not None and isinstance(e, oom_type)) or "out of memory" in str(e).lower()
@@ -100,31 +126,44 @@ class UpdateStep:
     def __call__(self, batches: list, update: int, flags: LoopFlags) -> StepResult:
         """Update number `update` (1-based) over this rank's micro-batches (collated Batch objects)."""
         where = f"update {update}"  # for the message of a collective that fails
-        # on the device when summed over processes: NCCL reduces CUDA tensors only
-        head = torch.tensor([sum(b.ntokens for b in batches), sum(b.nsentences for b in batches),
-                             *flags.as_floats()], dtype=torch.float64, device=self.device if self.info.enabled else None)
-        D.all_reduce_sum(head, self.info, where)
-        out = StepResult(applied=False, ntokens=int(head[0]), nsentences=int(head[1]),
-                         lr=self.objs.schedule.lr(update), flags=LoopFlags.from_sums(head[2:].tolist()))
+        head = self._head(batches, flags, where)  # (5,) float64 on the device: N, sentences, flags
+        lr = self.objs.schedule.lr(update)
         for g in self.objs.optimizer.param_groups:
-            g["lr"] = out.lr
+            g["lr"] = lr
+        # W / N as a device scalar: N need not be read back (W, a Python number, over the float64 head)
+        world = torch.full((), self.info.world_size, dtype=torch.float64, device=head.device)
+        scale = world / head[0].clamp(min=1)
         try:
-            sums = self._backward(batches, scale=self.info.world_size / max(out.ntokens, 1), where=where)
+            sums = self._backward(batches, scale=scale, where=where)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled; anything else re-raised
             if not is_oom(e):
                 raise
-            return self._skip_oom(batches, out.flags)
+            return self._skip_oom(batches, flags)
         D.all_reduce_sum(sums, self.info, where)
-        out.loss_sum, out.nll_sum = float(sums[0]), float(sums[1])
-        self._apply(out, update)
+        if self.objs.scaler.is_enabled():
+            self.objs.scaler.unscale_(self.objs.optimizer)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        gnorm = total_norm(grads)
+        out = self._result(head, gnorm, sums, lr)
+        self._apply(out, grads, gnorm, update)
         return out
 
-    def _backward(self, batches: list, scale: float, where: str) -> torch.Tensor:
-        """Accumulate d(loss_sum * scale) over the micro-batches; -> [loss sum, nll sum] (float64)."""
+    def _head(self, batches: list, flags: LoopFlags, where: str) -> torch.Tensor:
+        """This rank's target tokens and sentences and the loop's flags, summed over ranks: (5,)
+        float64 on the device (NCCL reduces device tensors only), read back with the update's result.
+        The copy to the device does not wait for it (non_blocking: no host synchronisation)."""
+        head = torch.tensor([sum(b.ntokens for b in batches), sum(b.nsentences for b in batches),
+                             *flags.as_floats()], dtype=torch.float64).to(self.device, non_blocking=True)
+        return D.all_reduce_sum(head, self.info, where)
+
+    def _backward(self, batches: list, scale: torch.Tensor, where: str) -> torch.Tensor:
+        """Accumulate d(loss_sum * scale) over the micro-batches (scale: a float64 scalar on the
+        device, W / N); -> [loss sum, nll sum] (float64, on the device)."""
         loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         weight, bias = self.objs.model.output_projection()  # (V, D), (V,) or None: the loss projects
         for i, b in enumerate(batches):
+            ntokens = host_nonpad_count(b.target)
             b = b.to(self.device, non_blocking=True)
             last = i == len(batches) - 1
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
@@ -134,10 +173,10 @@ class UpdateStep:
                         hidden = self.forward_model(b.src_tokens, b.prev_output_tokens,
                                                     features_only=True)  # (B, T, D)
                     loss, nll, _ = fused_label_smoothed_cross_entropy(hidden, weight, b.target, self.epsilon,
-                                                                      bias=bias)
+                                                                      bias=bias, ntokens=ntokens)
                 del hidden
                 with self._ddp_collective(where, runs=last):
-                    self.objs.scaler.scale(loss * scale).backward()
+                    self.objs.scaler.scale(loss * scale.to(loss.dtype)).backward()
             loss_acc += loss.detach().double()
             nll_acc += nll.detach().double()
         return torch.stack([loss_acc, nll_acc])
@@ -150,14 +189,20 @@ class UpdateStep:
             return contextlib.nullcontext()
         return D.collective("DDP's gradient all-reduce", self.info, where)
 
-    def _apply(self, out: StepResult, update: int) -> None:
-        """Norm, skip or clip, optimizer step, EMA; fills out.gnorm, out.applied, out.skip."""
+    def _result(self, head: torch.Tensor, gnorm: torch.Tensor, sums: torch.Tensor, lr: float) -> StepResult:
+        """The update's StepResult from its one read of the device (`read_back`): the counts and
+        flags (head), the gradient norm and the loss sums, in one transfer."""
+        values = read_back(torch.cat([head, gnorm.to(head.device, torch.float64).reshape(1), sums]))
+        ntokens, nsentences, *flag_sums = values[:head.numel()]
+        gnorm_value, loss_sum, nll_sum = values[head.numel():]
+        return StepResult(applied=False, ntokens=int(ntokens), nsentences=int(nsentences), lr=lr,
+                          flags=LoopFlags.from_sums(flag_sums), loss_sum=loss_sum, nll_sum=nll_sum,
+                          gnorm=gnorm_value)
+
+    def _apply(self, out: StepResult, grads: list[torch.Tensor], gnorm_t: torch.Tensor, update: int) -> None:
+        """Skip or clip, optimizer step, EMA; fills out.applied, out.skip. The gradients are
+        already unscaled (fp16) and their norm is gnorm_t (out.gnorm read back)."""
         objs, scaler = self.objs, self.objs.scaler
-        if scaler.is_enabled():
-            scaler.unscale_(objs.optimizer)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        gnorm_t = total_norm(grads)
-        out.gnorm = float(gnorm_t)
         finite = math.isfinite(out.gnorm) and math.isfinite(out.loss_sum)
         if finite and self.clip_norm > 0:
             coef = torch.clamp(self.clip_norm / (gnorm_t + 1e-6), max=1.0)

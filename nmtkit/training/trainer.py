@@ -131,6 +131,12 @@ def valid_line(rec: dict) -> str:
     return line
 
 
+def padding_text(padding) -> str:
+    """'padding 2.1% of the token slots (source 2.0%, target 2.2%)' for a batching.Padding."""
+    d = padding.to_dict()
+    return f"padding {d['fraction']:.1%} of the token slots (source {d['source']:.1%}, target {d['target']:.1%})"
+
+
 def manifest_id(manifest: dict) -> str:
     """A content id of a data dir: the manifest's build fingerprint, else a hash of its file checksums."""
     if isinstance(manifest.get("fingerprint"), str):
@@ -591,6 +597,7 @@ class Trainer:
         start = self.start
         # sampled epochs differ a little in size: a multilingual run names its current epoch's
         n_batches = len(self.train_batches.batches(st.epoch)) if self.pairs else len(self.train_batches)
+        padding = self.train_batches.batches(st.epoch).padding  # this epoch's; later ones: _log_epoch
         self.log.write({"type": "start", "update": st.update, "epoch": st.epoch, "resumed": self.resumed,
                         "start": start.kind, "from": str(start.path) if start.path else None,
                         **({"weights": "ema" if self.cfg.ema else "raw", "from_update": start.ckpt_update}
@@ -600,6 +607,7 @@ class Trainer:
                         "world_size": self.info.world_size, "device": str(self.device),
                         "precision": self.cfg.precision, "train_pairs": len(self.train_src),
                         "train_pairs_skipped": f.skipped, "batches_per_epoch": n_batches,
+                        "padding": padding.to_dict(),
                         **({"multilingual": self._pairs_summary()} if self.pairs else {}),
                         "peak_rss_mib": _peak_rss_mib()})
         for note in start.notes:
@@ -615,7 +623,7 @@ class Trainer:
             f"{where}: {self.cfg.arch} ({self.n_params / 1e6:.1f}M parameters) on {self.device}"
             f"{f' x {self.info.world_size} processes' if self.info.enabled else ''}, {self.cfg.precision}; "
             f"{len(self.train_src)} training pairs, {n_batches} batches per epoch"
-            f"{' per process' if self.info.enabled else ''}")
+            f"{' per process' if self.info.enabled else ''}, {padding_text(padding)}")
         if self.pairs:
             self._log_pairs()
         if start.changed:
@@ -661,8 +669,12 @@ class Trainer:
         """Updates until a stopping rule fires; -> its reason."""
         cfg, st = self.cfg, self.state
         self._check_first_epoch()
+        first = True  # the start record reports the first epoch's padding
         while True:
             batches = self.train_batches.batches(st.epoch)
+            if not first:
+                self._log_epoch(batches)
+            first = False
             updates, ooms = st.update, st.oom_skips
             for group, collated in self._groups(batches, st.batch_offset):
                 out = self._train_step(collated)
@@ -681,6 +693,15 @@ class Trainer:
             reason = self._end_epoch()  # also when a resumed position was already past the end
             if reason:
                 return reason
+
+    def _log_epoch(self, batches) -> None:
+        """The `epoch` record and line of a new epoch: its batches and their padding (rank 0's)."""
+        if not self.info.is_main:
+            return
+        st = self.state
+        self.log.write({"type": "epoch", "update": st.update, "epoch": st.epoch, "batches": len(batches),
+                        "padding": batches.padding.to_dict()})
+        self.progress.line(f"epoch {st.epoch}: {len(batches)} batches, {padding_text(batches.padding)}")
 
     def _check_first_epoch(self) -> None:
         st, info = self.state, self.info
