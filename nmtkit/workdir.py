@@ -30,7 +30,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import shutil
 import sys
 from dataclasses import dataclass
@@ -177,6 +176,8 @@ class WorkFolders:
 
 
 def _name(template: str, target: Path) -> str:
+    import secrets  # here: every command that opens an export imports this module
+
     rand = secrets.token_hex(4)
     return template.format(name=target.name, rand=rand, hex=rand)
 

@@ -556,9 +556,9 @@ def test_main_a_full_disk_is_a_user_error(run_main):
 
 
 def test_cli_usage_errors_name_the_command_s_help(run_cli):
-    r = run_cli("generate", "--no-such-flag")
+    r = run_cli("generate", "--zzz")  # a flag spelled close to a real one gets click's suggestion too
     assert r.code == 2 and r.out == ""
-    assert r.err == "nmtkit: error: No such option: --no-such-flag (see 'nmtkit generate --help')\n"
+    assert r.err == "nmtkit: error: No such option: --zzz (see 'nmtkit generate --help')\n"
     r = run_cli("generat")
     assert r.code == 2
     assert r.err == "nmtkit: error: No such command 'generat'. Did you mean 'generate'?\n"

@@ -11,30 +11,38 @@ import os
 import sys
 
 import typer
-from nmtkit.cli import fairseq_flags
 from nmtkit.cli.app import PipeClosed, app, state
-from nmtkit.console import stderr_console
 from nmtkit.errors import UserError
 
 # Each subcommand module registers its command on `app` when imported; `app` imports a module
-# when its command is used (add a subcommand to nmtkit.cli.app.COMMANDS).
+# when its command is used (add a subcommand to nmtkit.cli.app.COMMANDS). Nothing else is
+# imported before it is needed: rich on the first error line, fairseq's flags on an unknown one.
 
-# typer >= 0.20 vendors click as typer._click; older typer uses click itself.
-try:
-    from typer._click.exceptions import ClickException as _TyperClickException
+try:  # typer >= 0.20 vendors click as typer._click (and imports no click); older typer uses click itself
+    from typer._click import exceptions as _typer_click_exceptions
 except ImportError:  # pragma: no cover - depends on the installed typer
-    _TyperClickException = None
-try:
-    from click.exceptions import ClickException as _ClickException
-except ImportError:  # pragma: no cover
-    _ClickException = None
-_CLICK_ERRORS = tuple(c for c in (_TyperClickException, _ClickException) if c is not None)
+    _typer_click_exceptions = None
 
-_err = stderr_console()  # no markup, no emoji: `train.de:100:` must not print as `train.de💯`
+
+def _click_errors() -> tuple[type[Exception], ...]:
+    """The ClickException classes an error may be of: typer's copy of click's, and click's own once
+    click is loaded (only code that imported click can raise one; importing it here would cost
+    every command's start-up)."""
+    found = (_typer_click_exceptions, sys.modules.get("click.exceptions"))
+    return tuple(m.ClickException for m in found if m is not None)
+
+
+_err = None  # the console of error lines, made by the first one (rich is not every command's import)
 
 
 def error_line(message: str) -> None:
-    """Print one red `nmtkit: error: ...` line on stderr."""
+    """Print one red `nmtkit: error: ...` line on stderr (no markup, no emoji: `train.de:100:`
+    must not print as `train.de💯`)."""
+    global _err
+    if _err is None:
+        from nmtkit.console import stderr_console
+
+        _err = stderr_console()
     _err.print(f"nmtkit: error: {message}", style="bold red")
 
 
@@ -44,6 +52,8 @@ def _fairseq_hint(e: Exception, ctx) -> str | None:
     option = getattr(e, "option_name", None)
     if type(e).__name__ != "NoSuchOption" or not option or ctx is None or ctx.parent is None:
         return None
+    from nmtkit.cli import fairseq_flags
+
     return fairseq_flags.hint(ctx.info_name, option)
 
 
@@ -74,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         error_line("aborted")
         sys.exit(130)
-    except _CLICK_ERRORS as e:
+    except _click_errors() as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `nmtkit` / `nmtkit CMD`: show help
             print(e.format_message())
             sys.exit(0)

@@ -3,8 +3,10 @@
 Kept apart from `nmtkit.cli.__init__` so that subcommand modules can import `app` without a cycle.
 
 Subcommand modules are imported only when their command is used (`COMMANDS`, `_LazyGroup`): a
-command's flags come from its config dataclass, and `generate`'s lives in a module that imports
-torch (about a second), which `nmtkit score` or `nmtkit --version` should not pay.
+command's flags come from its config dataclass, which lives beside the work it configures
+(`generate`'s brings numpy and the translator), and `nmtkit score` or `nmtkit --version` should
+not pay for another command's. Flag values are converted without pydantic
+(`nmtkit.cli.coercion`), whose import alone outweighed most commands' own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import typer.main
 from typer.core import TyperCommand, TyperGroup
 
 from nmtkit import __version__
+from nmtkit.cli.coercion import use_plain_coercion
 from nmtkit.settings import fill_optional_values
 
 try:  # typer >= 0.20 vendors click as typer._click
@@ -55,6 +58,12 @@ class _Command(TyperCommand):
     `[CHECKPOINT]...` (typer's own line puts a required one in braces, `{data_dir}`, which reads
     as a set of choices)."""
 
+    def get_params(self, ctx) -> list:
+        """typer's parameters, converting their values without pydantic (`nmtkit.cli.coercion`)."""
+        params = super().get_params(ctx)
+        use_plain_coercion(params)  # --help included
+        return params
+
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for p in self.get_params(ctx):
@@ -66,6 +75,12 @@ class _Command(TyperCommand):
 
 class _LazyGroup(TyperGroup):
     """The `nmtkit` group: builds a subcommand (importing its module) when it is first asked for."""
+
+    def get_params(self, ctx) -> list:
+        """--version, --debug and --help, converting their values without pydantic."""
+        params = super().get_params(ctx)
+        use_plain_coercion(params)
+        return params
 
     def invoke(self, ctx):
         try:

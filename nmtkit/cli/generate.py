@@ -5,6 +5,8 @@ The flags are GenerateOptions' and SearchConfig's fields (their defaults and hel
 
 from __future__ import annotations
 
+import sys
+
 from nmtkit.cli.app import app
 from nmtkit.cli.options import with_settings
 from nmtkit.generation.generator import GenerateOptions
@@ -18,10 +20,16 @@ def generate_command(opts: GenerateOptions) -> None:
     Output: one detokenized hypothesis per input line, in input order, so that
     `nmtkit generate ... | nmtkit score --ref REF` works.
     """
-    from nmtkit.console import stderr_console
     from nmtkit.generation.generator import generate
 
-    err = stderr_console()
-    stats = generate(opts, warn=lambda msg: err.print(f"nmtkit: warning: {msg}", style="yellow"))
+    stats = generate(opts, warn=_warn)
     if opts.progress:  # --quiet: neither the progress bar nor this summary line
-        err.print(stats.line())
+        print(stats.line(), file=sys.stderr)  # nmtkit's own plain text: no console needed
+
+
+def _warn(msg: str) -> None:
+    """A yellow warning line on stderr. Its console, and rich with it, is made for a warning only:
+    most runs have none, and rich's import is a sizeable part of an export's start-up."""
+    from nmtkit.console import stderr_console
+
+    stderr_console().print(f"nmtkit: warning: {msg}", style="yellow")

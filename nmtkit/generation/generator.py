@@ -34,7 +34,6 @@ from typing import IO, Callable, Iterable, Iterator
 
 from nmtkit.backends.registry import ModelSource
 from nmtkit.errors import UserError
-from nmtkit.generation.forced import ALIGNMENT_LEVELS
 from nmtkit.generation.inputs import InputSpec, read_inputs
 from nmtkit.generation.items import Item, warn_stderr
 from nmtkit.generation.model_flags import (
@@ -164,9 +163,12 @@ class GenerateOptions:
 
     def _validate_inspection(self) -> None:
         """The rules of --print-alignment, --alignment-layer, --score-reference and --reference."""
-        if self.print_alignment is not None and self.print_alignment not in ALIGNMENT_LEVELS:
-            raise UserError(f"--print-alignment must be subword (the default when given alone) or words, "
-                            f"got {self.print_alignment!r}")
+        if self.print_alignment is not None:
+            from nmtkit.generation.forced import ALIGNMENT_LEVELS
+
+            if self.print_alignment not in ALIGNMENT_LEVELS:
+                raise UserError(f"--print-alignment must be subword (the default when given alone) or words, "
+                                f"got {self.print_alignment!r}")
         if self.alignment_layer is not None:
             if self.print_alignment is None:
                 raise UserError("--alignment-layer applies to --print-alignment")
@@ -232,6 +234,8 @@ def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Trans
 def _check_output_path(opts: GenerateOptions) -> None:
     """Refuse an --output that is a directory, the input text, the reference, a checkpoint being
     used or any other checkpoint, or a file of a data or export directory (`nmtkit.outputs`)."""
+    if opts.output is None:  # stdout: nothing to check (nor to import)
+        return
     from nmtkit.outputs import check_output_file
 
     inputs = [("--input", opts.input), ("--reference", opts.reference), ("--avoid", opts.avoid),

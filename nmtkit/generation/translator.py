@@ -38,6 +38,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,11 +46,13 @@ from nmtkit.backends.engine import Engine, RuntimeOptions
 from nmtkit.backends.registry import ModelSource, check_quantize, describe
 from nmtkit.data.languages import check_direction, langs_of, tag_token
 from nmtkit.errors import UserError
-from nmtkit.generation import forced
 from nmtkit.generation.items import DEFAULT_BATCH_SIZE, Item, Truncations, make_batches, warn_stderr
 from nmtkit.generation.terms import TermMaker
 from nmtkit.search.config import (DECODING_PRESETS, Hypothesis, SearchConfig, Terms, apply_search_settings, check_terms,
                                   default_search, output_limit)
+
+if TYPE_CHECKING:  # imported where used: translating needs none of forced decoding
+    from nmtkit.generation import forced
 
 
 def check_text(text: str, where: str) -> None:
@@ -512,6 +515,8 @@ class Translator:
         length rules are not applied: this is the model's probability of the given text).
         """
         self._needs_forced("scoring given translations")
+        from nmtkit.generation import forced
+
         cfg = self.search_config()
         layer = None if alignment_layer is None else self._layer(alignment_layer)
         scores: dict[int, list[Hypothesis]] = {}
@@ -565,6 +570,8 @@ class Translator:
         if self.task == "parsing":
             raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
                             "use --print-alignment (subword)")
+        from nmtkit.generation import forced
+
         src_pieces = self.source_pieces(item)[item.lead:]  # alignments count the sentence's own tokens
         tgt_pieces = [self.tgt_dict[int(i)] for i in target_tokens]
         src_words = forced.word_index(src_pieces, self.src_subword.kind)
@@ -596,6 +603,8 @@ class Translator:
                 raise UserError(f"source {it.index + 1}: empty source sentence (every pair needs a source and a target)")
             it.target_ids = self.target_ids(tgt, f"target {it.index + 1}")
         scores, _ = self.score_items(items)
+        from nmtkit.generation import forced
+
         out = []
         for it in items:
             h = scores[it.index][0]
@@ -633,6 +642,8 @@ class Translator:
         return self._attention_of(item, tokens, given=tgt is not None or item.target_ids is not None)
 
     def _attention_of(self, item: Item, tokens: list[int], given: bool) -> forced.Attention:
+        from nmtkit.generation import forced
+
         t = self.tgt_dict
         lp, w = self.engine.attention(item.ids, tokens)
         cfg = self.search_config()
@@ -663,5 +674,7 @@ class Translator:
 def _alignment(attn: np.ndarray, item: Item, n_tgt: int) -> list[tuple[int, int]]:
     """The hard alignment of one hypothesis to the item's own tokens: a language tag before them
     is neither aligned to nor counted, so source positions are those of the sentence's pieces."""
+    from nmtkit.generation import forced
+
     lead = item.lead
     return forced.hard_alignment(np.asarray(attn)[:, lead:], len(item.ids) - lead, n_tgt)

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nmtkit.generation.forced import format_alignment
 from nmtkit.generation.items import Item
 from nmtkit.generation.translator import Translator
 from nmtkit.search.config import Hypothesis
@@ -26,6 +25,16 @@ FORMATS = ("plain", "fairseq")
 
 def _fmt(x: float) -> str:
     return "-inf" if x == -math.inf else f"{x:.6f}"
+
+
+def _formatted(alignments: list[list[tuple[int, int]]] | None) -> list[str]:
+    """Each hypothesis's alignment as Pharaoh text (`0-0 1-2`); forced decoding's module is
+    imported only by a run that asked for alignments."""
+    if not alignments:
+        return []
+    from nmtkit.generation.forced import format_alignment
+
+    return [format_alignment(a) for a in alignments]
 
 
 def output_text(tr: Translator, split: str | None, total: int | None) -> Callable[[Item, list[str]], str] | None:
@@ -60,7 +69,7 @@ class Writer:
     def lines(self, item: Item, hyps: list[Hypothesis], alignments: list[list[tuple[int, int]]] | None = None) -> str:
         """The output lines of one input, each ended by a newline."""
         out = []
-        aligned = [format_alignment(a) for a in alignments or []]
+        aligned = _formatted(alignments)
         if self.fmt == "plain" and self.score_reference:
             h = hyps[0]
             cols = [_fmt(h.score), _fmt(h.logprob), str(len(h.positional_scores))]
