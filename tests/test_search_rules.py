@@ -186,6 +186,21 @@ def test_apply_rules_by_hand():
     assert _rules([row], 3, [[4, 5, 4]], [9], [0], no_repeat_ngram_size=2) == [[NEG, NEG, -3.0, -4.0, -5.0, NEG]]
 
 
+def test_apply_rules_bans_the_banned_ids_in_both_searches():
+    """SearchConfig.banned (a multilingual model's language tags): those columns are -inf at every
+    step, before the other rules, in the torch search and in the numpy one alike."""
+    import numpy as np
+
+    from nmtkit.search import arrays
+
+    row = [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]
+    assert _rules([row], 1, [[4]], [5], [0], banned=(4, 5)) == [[NEG, NEG, -3.0, -4.0, NEG, NEG]]
+    assert _rules([row], 1, [[4]], [5], [0], banned=()) == [[NEG, NEG, -3.0, -4.0, -5.0, -6.0]]
+    lp = np.array([row], dtype=np.float32)
+    arrays.apply_rules(lp, 1, np.array([[4]]), np.array([5]), np.array([0]), SearchConfig(banned=(4, 5)))
+    assert lp.tolist() == [[NEG, NEG, -3.0, -4.0, NEG, NEG]]
+
+
 def test_apply_rules_ends_a_row_whose_every_token_is_banned():
     """min_len with the n-gram ban on a tiny vocabulary: no allowed token is left, so the row may
     end with </s> (the model's own log-prob) instead of emitting a banned token."""

@@ -46,12 +46,15 @@ class Module:
 
 # The core modules. Names are what `mutation.sh MODULE` takes.
 MODULES: dict[str, Module] = {
-    "loss": Module(("nmtkit/training/loss.py",), ("tests/test_loss.py",)),
+    # each module's tests include those of its newer code (the chunked loss, the streaming batch
+    # plan, the constrained search, the Moses pre-tokenizer, the first bytes of a checkpoint)
+    "loss": Module(("nmtkit/training/loss.py",), ("tests/test_loss.py", "tests/test_fused_loss.py")),
     "schedule": Module(("nmtkit/training/schedule.py",), ("tests/test_schedule.py",)),
     "ema": Module(("nmtkit/training/ema.py",), ("tests/test_ema.py",)),
     # the fast unit tests first; the golden outputs pin the fp32 hypotheses of real models
     "search": Module(("nmtkit/search/beam.py", "nmtkit/search/config.py"),
-                     ("tests/test_search_rules.py", "tests/test_search.py", "tests/test_search_golden.py"),
+                     ("tests/test_search_rules.py", "tests/test_search.py", "tests/test_search_golden.py",
+                      "tests/test_terms.py"),
                      # config.py: the search's own rules (its settings API is the Translator's, tested there)
                      ("nmtkit.search.beam.*", "nmtkit.search.config.xǁSearchConfigǁ*",
                       "nmtkit.search.config.x_check_lenpen__*", "nmtkit.search.config.x_length_penalty__*")),
@@ -66,13 +69,15 @@ MODULES: dict[str, Module] = {
     "trainer-step": Module(
         ("nmtkit/training/step.py",), ("tests/test_update_step.py", "tests/test_train.py"), (),
         "the update step (training/step.py: UpdateStep, total_norm)"),
-    "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py",)),
+    "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py", "tests/test_batch_plan.py")),
     "dictionary": Module(("nmtkit/data/dictionary.py",), ("tests/test_dictionary.py",)),
     "shards": Module(("nmtkit/data/shards.py",), ("tests/test_shards.py",)),
-    "subwords": Module(("nmtkit/data/subwords.py",), ("tests/test_subwords.py", "tests/test_preprocess.py"), (),
+    "subwords": Module(("nmtkit/data/subwords.py",),
+                       ("tests/test_subwords.py", "tests/test_preprocess.py", "tests/test_fairseq_import.py"), (),
                        "test_subwords.py: the models by themselves, fast; test_preprocess.py: through preprocess"),
     "checkpoints": Module(("nmtkit/checkpoints.py",),
-                          ("tests/test_checkpoints.py", "tests/test_average_checkpoints_cli.py")),
+                          ("tests/test_checkpoints.py", "tests/test_average_checkpoints_cli.py",
+                           "tests/test_first_hour_api.py", "tests/test_load_bounds.py")),
     "bleu": Module(("nmtkit/scoring/bleu.py",), ("tests/test_score.py", "tests/test_bleu_unit.py")),
     "parseval": Module(("nmtkit/scoring/parseval.py",), ("tests/test_parseval.py",)),
     "linearize": Module(("nmtkit/parsing/linearize.py",), ("tests/test_linearize.py",)),
