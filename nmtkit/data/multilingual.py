@@ -39,7 +39,6 @@ from nmtkit.data.languages import is_tag, pair_name, parse_pairs, split_name, ta
 from nmtkit.data.manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    remember_verified,
     sha256_file,
     write_manifest,
 )
@@ -48,12 +47,12 @@ from nmtkit.data.preprocess import (
     PreprocessConfig,
     PreprocessResult,
     _check_destination,
-    _check_same_dataset,
-    _fingerprint,
     _split_entry,
     _split_names,
     _Task,
     preprocess,
+    put_in_place,
+    up_to_date,
 )
 from nmtkit.data.shards import IndexedShard, ShardInfo, ShardWriter, dtype_for_vocab, shard_basename
 from nmtkit.data.textfiles import TextFileInfo, iter_line_blocks, scan_text_file
@@ -476,11 +475,9 @@ def preprocess_multilingual(cfg: PreprocessConfig, pairs: list[tuple[str, str]],
     log(f"checked {len(infos)} input files of {count(len(pairs), 'pair')} ({timings['check']:.1f}s)")
     inputs_json = {name: {lang: infos[p].as_json() for lang, p in paths.items()} for name, (_, paths) in flat.items()}
     options = _options(cfg, pairs, temperature)
-    fingerprint = _fingerprint(options, inputs_json)
-    if existing is not None and not cfg.force:
-        _check_same_dataset(dest, existing, owned, options, inputs_json, fingerprint)
-        log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
-        return PreprocessResult(dest, existing, True, timings)
+    fingerprint, done = up_to_date(dest, existing, owned, options, inputs_json, cfg.force, log, timings)
+    if done is not None:
+        return done
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp, work = install.temp_dir(dest), install.temp_dir(dest)
     try:
@@ -490,9 +487,7 @@ def preprocess_multilingual(cfg: PreprocessConfig, pairs: list[tuple[str, str]],
                                               "spm_temperature": options["spm_temperature"]}
         recorded.pop("extra_manifest")
         manifest.update(fingerprint=fingerprint, inputs=inputs_json, options=recorded)
-        write_manifest(tmp, manifest)  # last: its presence marks the directory complete
-        remember_verified(tmp, manifest["files"])  # their sha256s were computed from what was written
-        install.install(tmp, dest, owned)
+        put_in_place(tmp, dest, owned, manifest)
     except BaseException:
         install.remove_temp_dir(tmp)
         raise

@@ -481,26 +481,40 @@ def preprocess(cfg: PreprocessConfig, *, progress=None, log: Callable[[str], Non
         f"{infos['train'][cfg.source_lang].lines:,} training pairs ({timings['check']:.1f}s)")
     inputs_json = {s: {lang: i.as_json() for lang, i in v.items()} for s, v in infos.items()}
     options = _output_options(cfg, reused)
-    fingerprint = _fingerprint(options, inputs_json)
-
-    if existing is not None and not cfg.force:
-        _check_same_dataset(dest, existing, owned, options, inputs_json, fingerprint)
-        log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
-        return PreprocessResult(dest, existing, True, timings)
+    fingerprint, done = up_to_date(dest, existing, owned, options, inputs_json, cfg.force, log, timings)
+    if done is not None:
+        return done
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = install.temp_dir(dest)
     try:
         manifest = _build(cfg, tmp, inputs, infos, progress, log, timings, reused)
         _add_run_entries(cfg, tmp, dest, manifest, fingerprint, inputs_json)
-        write_manifest(tmp, manifest)  # last: its presence marks the directory complete
-        remember_verified(tmp, manifest["files"])  # their sha256s were computed from what was written
-        install.install(tmp, dest, owned)
+        put_in_place(tmp, dest, owned, manifest)
     except BaseException:
         install.remove_temp_dir(tmp)
         raise
     timings["total"] = time.perf_counter() - t0
     return PreprocessResult(dest, manifest, False, timings)
+
+
+def put_in_place(tmp: Path, dest: Path, owned, manifest: dict) -> None:
+    """The built directory `tmp` completed (its manifest, the record of checked files) and swapped in as DEST."""
+    write_manifest(tmp, manifest)  # last: its presence marks the directory complete
+    remember_verified(tmp, manifest["files"])  # their sha256s were computed from what was written
+    install.install(tmp, dest, owned)
+
+
+def up_to_date(dest: Path, existing: dict | None, owned, options: dict, inputs_json: dict, force: bool,
+               log: Callable[[str], None], timings: dict) -> tuple[str, PreprocessResult | None]:
+    """The dataset's fingerprint, and the result of a run that finds DEST already holding this very
+    dataset (None: build it). Shared by the bilingual and the multilingual pipeline."""
+    fingerprint = _fingerprint(options, inputs_json)
+    if existing is None or force:
+        return fingerprint, None
+    _check_same_dataset(dest, existing, owned, options, inputs_json, fingerprint)
+    log(f"{dest} is up to date (same inputs and options, checksums verified); nothing to do")
+    return fingerprint, PreprocessResult(dest, existing, True, timings)
 
 
 def _refuse_reused_destination(dest: Path, reused) -> None:
