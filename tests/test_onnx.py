@@ -147,6 +147,32 @@ def test_int8_quantizes_the_weight_products_only(tmp_path):
     assert ops.count("MatMul") == 4 * POST.decoder_layers  # the attention products stay float32
 
 
+def test_steps_over_reordered_rows_give_torch_log_probs(tmp_path):
+    """The decoder step with the engine's caches, through beam-like reorders of the rows (each
+    row continuing a row of its sentence) and a sentence leaving, gives torch's teacher-forced
+    log-probabilities of each row's history."""
+    model = tiny(PRE, 20, seed=2)
+    graphs, _ = graphs_of(model, tmp_path / "m")
+    rng = np.random.default_rng(4)
+    src = np.array([[5, 6, 7, 2, 0], [8, 2, 0, 0, 0], [9, 10, 11, 12, 2]], np.int64)
+    g = 2  # rows per sentence
+    sentence = np.repeat(np.arange(3), g)  # (N,) each row's sentence
+    enc = graphs.select_enc(graphs.encode(src), sentence)
+    hist, cache = np.ones((len(sentence), 1), np.int64), graphs.new_cache()  # <s>
+    for t in range(10):
+        lp, cache = graphs.step(hist[:, -1], enc, cache)
+        with torch.inference_mode():
+            want = torch.log_softmax(model(torch.from_numpy(src[sentence]), torch.from_numpy(hist)), -1)[:, -1]
+        np.testing.assert_allclose(lp, want.numpy(), atol=TOL)
+        order = np.arange(len(sentence)) // g * g + rng.integers(0, g, len(sentence))
+        if t == 6:
+            order = order[sentence != 1]  # the second sentence leaves
+        hist = np.concatenate([hist[order], rng.integers(4, 20, (len(order), 1))], axis=1)
+        sentence = sentence[order]
+        enc, cache = graphs.select_enc(enc, order), graphs.select_cache(cache, order)
+    assert list(sentence) == [0, 0, 2, 2] and len(set(map(tuple, hist.tolist()))) == 4  # varied histories
+
+
 # ------------------------------------------------------------------------ the command line, end to end
 
 
