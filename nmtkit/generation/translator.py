@@ -276,14 +276,15 @@ class Translator:
         _, lang = check_direction(self.manifest, None, lang, where)
         return self.src_dict.index(tag_token(lang))
 
-    def tag_ids(self, target_lang, n: int) -> list[int | None]:
-        """One tag id per sentence: `target_lang` is one language for all, or a list with one per sentence."""
+    def tag_ids(self, target_lang, n: int, where: str = "target_lang") -> list[int | None]:
+        """One tag id per sentence: `target_lang` is one language for all, or a list with one per
+        sentence; `where` names it in errors (serve: '"target_lang"')."""
         if isinstance(target_lang, (list, tuple)):
             if len(target_lang) != n:
-                raise UserError(f"target_lang must be one language or a list with one per sentence ({n}), "
+                raise UserError(f"{where} must be one language or a list with one per sentence ({n}), "
                                 f"got {len(target_lang)} entries")
-            return [self.tag_id(lang, f"target_lang[{i}]") for i, lang in enumerate(target_lang)]
-        return [self.tag_id(target_lang)] * n
+            return [self.tag_id(lang, f"{where}[{i}]") for i, lang in enumerate(target_lang)]
+        return [self.tag_id(target_lang, where)] * n
 
     # -- text <-> items
 

@@ -128,9 +128,9 @@ def check_target_lang(translator, req: TranslateRequest) -> None:
     if req.target_lang is None and not getattr(translator, "langs", None):
         return  # a bilingual model needs none
     try:
-        translator.tag_ids(req.target_lang, len(req.sentences))
+        translator.tag_ids(req.target_lang, len(req.sentences), '"target_lang"')
     except UserError as e:
-        raise RequestError(400, str(e).replace("target_lang", '"target_lang"', 1)) from None
+        raise RequestError(400, str(e)) from None
 
 
 def _terms(obj: dict, n: int) -> dict | None:
