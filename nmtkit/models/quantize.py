@@ -63,6 +63,17 @@ class Int8Linear(nn.Module):
             y.add_(self.bias)
         return y.view(*lead, self.out_features)
 
+    def rows(self, ids: Tensor) -> "Int8Linear":
+        """The layer restricted to output rows `ids` (C,) long (a lexical shortlist's candidates):
+        the same int8 rows and scales, so each output equals the full layer's column exactly."""
+        out = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(out)
+        out.in_features, out.out_features = self.in_features, int(ids.numel())
+        out.register_buffer("weight_int8", self.weight_int8.index_select(0, ids))  # (C, K)
+        out.register_buffer("weight_scale", self.weight_scale.index_select(0, ids))  # (C,)
+        out.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, ids))
+        return out
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
 
@@ -86,13 +97,16 @@ def padded_rows(m: int) -> int:
 class PackedLinear(nn.Module):
     """`nn.Linear` in fp32 through oneDNN with the weight reordered once (CPU)."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None):
+    def __init__(self, weight: Tensor, bias: Tensor | None, keep_source: bool = False):
         super().__init__()
         w = weight.detach().float().contiguous()  # (N, K)
         self.in_features, self.out_features = w.size(1), w.size(0)
         # An opaque oneDNN tensor, kept as a plain attribute: it has no place in a state_dict.
         self.weight_packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        # the fp32 matrix, for `rows` (the output projection keeps it: a shortlist packs some of
+        # its rows per batch; when tied it is the target embedding's own matrix, no copy)
+        self.source = w if keep_source else None
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) float32 -> (..., N) float32."""
@@ -108,6 +122,14 @@ class PackedLinear(nn.Module):
             x2 = torch.cat([x2, x2.new_zeros(rows - m, self.in_features)])
         y = torch.ops.mkldnn._linear_pointwise(x2, self.weight_packed, self.bias, "none", [], "")  # (rows, N)
         return y[:m].view(*lead, self.out_features)
+
+    def rows(self, ids: Tensor) -> "PackedLinear":
+        """The layer restricted to output rows `ids` (C,) long, packed anew (once per batch of a
+        search with a shortlist; a few milliseconds for thousands of rows)."""
+        if self.source is None:
+            raise ValueError("this packed layer did not keep its fp32 weight (keep_source=False)")
+        bias = None if self.bias is None else self.bias.index_select(0, ids)
+        return PackedLinear(self.source.index_select(0, ids), bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN fp32"
@@ -143,9 +165,11 @@ def convert_linears(model: nn.Module, kind: str) -> int:
     A weight tied to an embedding (the output projection) gets its own converted copy; the
     embedding keeps the fp32 matrix for its lookups.
     """
-    make = {"int8": Int8Linear, "packed": PackedLinear}[kind]
     todo = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
             if type(child) is nn.Linear]
     for parent, name, child in todo:
-        setattr(parent, name, make(child.weight, child.bias))
+        if kind == "int8":
+            setattr(parent, name, Int8Linear(child.weight, child.bias))
+        else:  # the output projection keeps its fp32 matrix for shortlists (`PackedLinear.rows`)
+            setattr(parent, name, PackedLinear(child.weight, child.bias, keep_source=parent is model and name == "out_proj"))
     return len(todo)

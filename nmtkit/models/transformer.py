@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -460,6 +461,18 @@ class Transformer(nn.Module):
         (B, T, V_tgt) logits would be the largest tensors of a training step."""
         return self.decode(prev_output_tokens, self.encode(src_tokens), logits=not features_only)
 
+    def restricted_output(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        """The output projection over the target ids `ids` (C,) long only (a lexical shortlist's
+        candidates for one batch): h (B, T, D) -> logits (B, T, C), column c equal to the full
+        projection's column ids[c]. Built once per batch; the CPU inference kernels slice their
+        own rows (`nmtkit.models.quantize`)."""
+        proj = self.out_proj
+        if hasattr(proj, "rows"):
+            return proj.rows(ids)
+        weight = proj.weight.index_select(0, ids)  # (C, D)
+        bias = None if proj.bias is None else proj.bias.index_select(0, ids)
+        return lambda h: F.linear(h, weight, bias)
+
     def output_projection(self) -> tuple[Tensor, Tensor | None]:
         """(weight (V_tgt, D), bias (V_tgt,) or None) of the pre-softmax projection: the target
         embedding itself when tied. output_logits(h) == F.linear(h, weight, bias)."""
@@ -511,11 +524,13 @@ class Transformer(nn.Module):
         """An empty decoding state. max_len (optional): allocate K/V for that many steps at once."""
         return DecoderCache(len(self.decoder_layers), max_len)
 
-    def decode_step(self, prev_tokens_last: Tensor, enc: EncoderOut, cache: DecoderCache) -> Tensor:
+    def decode_step(self, prev_tokens_last: Tensor, enc: EncoderOut, cache: DecoderCache,
+                    output: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """The newest target token (B, 1) -> logits for the next one (B, 1, V_tgt); grows cache.
 
         The token's position is `cache.length` (0 for the first input, <s>). enc and cache must
-        have been reordered with the same new_order.
+        have been reordered with the same new_order. `output`: the projection to use instead of
+        the whole vocabulary's (`restricted_output`: (B, 1, C) logits).
         """
         pos = cache.length
         if pos == 0:
@@ -530,7 +545,7 @@ class Transformer(nn.Module):
         cache.length += 1
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.output_logits(x)
+        return self.output_logits(x) if output is None else output(x)
 
 
 def count_parameters(cfg: ArchConfig, src_vocab_size: int, tgt_vocab_size: int | None = None) -> int:

@@ -40,6 +40,7 @@ from nmtkit.search.config import (  # noqa: F401 - the search's vocabulary, re-e
     SearchConfig, Terms, check_lenpen, length_penalty,
 )
 from nmtkit.search.terms import TermBatch
+from nmtkit.search.vocab import RestrictedVocab
 
 # --------------------------------------------------------------------------------------------
 # Ensembles: one object that looks like a single model to the search loops.
@@ -52,10 +53,14 @@ class _Ensemble:
     precision), so scores are comparable across precisions and ensemble sizes.
     """
 
-    def __init__(self, models: Sequence[Any]):
+    def __init__(self, models: Sequence[Any], vocab: torch.Tensor | None = None):
         if len(models) == 0:
             raise ValueError("need at least one model")
         self.models = list(models)
+        # a shortlist's candidates (C,) long: the search's tokens are positions in it, and each
+        # model projects onto those rows only (`restricted_output`, built once per batch)
+        self.vocab = vocab
+        self.outputs = [None] * len(self.models) if vocab is None else [m.restricted_output(vocab) for m in self.models]
         # An optional extension of the interface (nmtkit's Transformer has it): skipping the copy
         # of the encoder-side K/V when rows only move among the beams of one sentence (those
         # rows are identical).
@@ -91,15 +96,21 @@ class _Ensemble:
         return out
 
     def step(self, prev: torch.Tensor, encs: list, caches: list) -> torch.Tensor:
-        """prev: (N, 1) newest tokens -> (N, V) float32 log-probabilities (the mean over models).
+        """prev: (N, 1) newest tokens -> (N, V) float32 log-probabilities (the mean over models);
+        with a shortlist, positions among its C candidates in and (N, C) out.
 
         (log_softmax rather than logits minus torch.logsumexp: on CPU the fused log_softmax
         kernel is the faster of the two.)
         """
+        if self.vocab is not None:
+            prev = self.vocab[prev]  # (N, 1) positions -> dictionary ids for the embedding
         lp = None
-        for m, e, c in zip(self.models, encs, caches):
-            logits = m.decode_step(prev, e, c)  # (N, 1, V)
-            cur = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (N, V)
+        for m, e, c, out in zip(self.models, encs, caches, self.outputs):
+            logits = m.decode_step(prev, e, c) if out is None else m.decode_step(prev, e, c, output=out)  # (N, 1, V|C)
+            logits = logits[:, -1, :].float()  # (N, V|C)
+            if out is not None:  # <pad> holds position 0 of a shortlist but is no candidate (`nmtkit.search.vocab`)
+                logits[:, PAD] = -math.inf
+            cur = torch.log_softmax(logits, dim=-1)  # (N, V|C)
             lp = cur if lp is None else lp.add_(cur)
         if len(self.models) > 1:
             lp.div_(len(self.models))
@@ -213,7 +224,8 @@ def _apply_rules(
 
 
 def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchConfig,
-           terms: Sequence[Terms | None] | None = None) -> list[list[Hypothesis]]:
+           terms: Sequence[Terms | None] | None = None, vocab: RestrictedVocab | None = None
+           ) -> list[list[Hypothesis]]:
     """Translate a batch; return, per sentence and in batch order, up to `cfg.nbest` hypotheses
     best first.
 
@@ -224,10 +236,23 @@ def search(models: Any | Sequence[Any], src_tokens: torch.Tensor, cfg: SearchCon
     sentence has any, the batch is searched with dynamic beam allocation (`nmtkit.search.terms`;
     at beam 1, beam search of 1 with fairseq's stopping rule, which is greedy search; not with
     sampling), otherwise exactly as without them.
+    `vocab`: a lexical shortlist's candidates for this batch (`nmtkit.search.vocab`): the output
+    layer and every step work over them only; the terms' ids must be among them.
     """
     if src_tokens.size(0) == 0:  # nothing to decode (the searches below assume B >= 1)
         return []
-    ens = _Ensemble(models if isinstance(models, (list, tuple)) else [models])
+    models = models if isinstance(models, (list, tuple)) else [models]
+    if vocab is None:
+        return _search(_Ensemble(models), src_tokens, cfg, terms)
+    with torch.inference_mode():
+        ens = _Ensemble(models, torch.from_numpy(vocab.ids).to(src_tokens.device))  # (C,) candidates
+    terms = None if terms is None else [vocab.terms(t) for t in terms]
+    return vocab.hypotheses(_search(ens, src_tokens, vocab.config(cfg), terms))
+
+
+def _search(ens: _Ensemble, src_tokens: torch.Tensor, cfg: SearchConfig,
+            terms: Sequence[Terms | None] | None) -> list[list[Hypothesis]]:
+    """`search`'s choice among the three searches, for an ensemble."""
     with torch.inference_mode(), decoding_attention():
         if terms is not None and any(terms):
             if len(terms) != src_tokens.size(0):
