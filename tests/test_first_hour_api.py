@@ -249,6 +249,7 @@ def test_every_usage_line_names_its_arguments_in_capitals(run_cli):
 
     want = {"train": "DATA_DIR", "generate": "[DATA_DIR]", "export": "DATA_DIR", "import-hf": "HF_DIR",
             "import-fairseq": "CHECKPOINT", "average-checkpoints": "[CHECKPOINT]...", "plot": "SAVE_DIR",
+            "shortlist": "DATA_DIR",
             "archs": "[NAME]", "attention": "DATA_DIR", "serve": "[DATA_DIR]"}
     for name in COMMANDS:
         r = run_cli(name, "--help")

@@ -35,6 +35,7 @@ COMMANDS = {
     "archs": "nmtkit.cli.archs",
     "train": "nmtkit.cli.train",
     "average-checkpoints": "nmtkit.cli.average_checkpoints",
+    "shortlist": "nmtkit.cli.shortlist",
     "generate": "nmtkit.cli.generate",
     "attention": "nmtkit.cli.attention",
     "export": "nmtkit.cli.export",
