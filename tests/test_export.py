@@ -575,6 +575,7 @@ def test_export_refusals(wm, tmp_path, run_cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
     r = run_cli("export", data, "--path", ckpt, "--output", out)
     assert r.code == 2 and "pip install -e '.[ctranslate2]' in the nmtkit checkout" in r.err and len(r.err.strip().splitlines()) == 1
+    (tmp_path / "x").write_text("Hund\n", encoding="utf-8")
     r = run_cli("generate", "--path", exported, "--input", tmp_path / "x", "--lenpen-form", "fairseq")
     assert r.code == 2 and "pip install -e '.[ctranslate2]' in the nmtkit checkout" in r.err
     monkeypatch.undo()
@@ -991,3 +992,97 @@ def test_nmtkit_json_entries_of_the_wrong_type_or_outside_the_directory_are_name
     with pytest.raises(UserError) as e:
         check_files(d, read_info(d)) if where[1] != "name" else describe([str(d)], None)
     assert str(e.value) == f"{d / INFO_NAME}: {message}"
+
+
+# ------------------------------------------------------------------------ lexical shortlists
+
+
+@pytest.fixture(scope="module")
+def wm_shortlist(wm):
+    """A shortlist of the word task built by `nmtkit shortlist` (few candidates per piece, so that
+    a batch's union is a real restriction) and a CTranslate2 export that carries it as vmap.txt."""
+    from nmtkit.cli import main
+
+    sl = wm["root"] / "shortlist.txt"
+    for args in (["shortlist", str(wm["data"]), "--output", str(sl), "--best", "6", "--frequent", "4"],
+                 ["export", str(wm["data"]), "--path", str(wm["post"]), "--output", str(wm["root"] / "post-sl-ct2"),
+                  "--shortlist", str(sl)]):
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 0
+    return sl, wm["root"] / "post-sl-ct2"
+
+
+def test_ctranslate2_vmap_equals_native_shortlist(wm, wm_shortlist):
+    """CTranslate2 applying the export's vmap.txt and nmtkit's own search over the same shortlist
+    find the same hypotheses with the same scores: the same candidates per batch, the same
+    distribution over them."""
+    from nmtkit import Translator
+
+    sl, export = wm_shortlist
+    assert (export / "vmap.txt").read_bytes() == sl.read_bytes()
+    quiet = dict(threads=1, warn=lambda msg: None, max_len_a=0.0, max_len_b=40)
+    native = Translator.load(wm["post"], wm["data"], shortlist=sl, **quiet, **NATIVE)
+    ct2 = Translator.load(export, shortlist=export / "vmap.txt", **quiet, **FAIRSEQ)
+    # sentences whose outputs end before the output limit: CTranslate2 closes one that reaches it
+    # with </s> by rescoring it (score_batch), which knows no vocabulary map (docs/export.md)
+    texts = sentences(80, 3)
+    for settings in (dict(), dict(beam=1), dict(beam=5, nbest=2)):
+        texts = [t for t, ok in zip(texts, within_limit(native, texts, native.translate_nbest(texts, **settings),
+                                                        **settings)) if ok]
+    assert len(texts) >= 40
+    assert_same(native, ct2, texts)
+    assert_same(native, ct2, texts, beam=1)
+    assert_same(native, ct2, texts, beam=5, nbest=2)
+    # the shortlist restricts: the candidates of one batch are a part of the vocabulary, and the
+    # scores are normalised over them (higher than the full vocabulary's on the same tokens)
+    full = Translator.load(wm["post"], wm["data"], **quiet, **NATIVE)
+    one = [t for t in texts if 0 < len(t.split()) <= 3][:6]
+    sizes = [len(native.engine.shortlist.candidates([it.ids])) for it in native.encode(one)]
+    assert max(sizes) < len(native.tgt_dict) * 0.8, sizes
+    native.batch_size = full.batch_size = 1
+    same = [(a, b) for a, b in zip(native.translate_nbest(one), full.translate_nbest(one))
+            if a[0].hypothesis.tokens == b[0].hypothesis.tokens and a[0].hypothesis.tokens]
+    assert same and all(a[0].logprob > b[0].logprob for a, b in same)
+
+
+def test_shortlist_refusals(wm, wm_shortlist, tmp_path, run_cli):
+    sl, export = wm_shortlist
+    other = tmp_path / "other.txt"
+    other.write_text(sl.read_text(encoding="utf-8").rstrip("\n") + "\n\n", encoding="utf-8")  # the rules, other bytes
+    r = run_cli("generate", "--path", export, "--input", "-", "--shortlist", other, "--lenpen-form", "fairseq")
+    assert r.code == 2 and f"--shortlist {other}: not the export's own vocabulary map vmap.txt" in r.err, r
+    r = run_cli("generate", "--path", export_dir(wm, "post"), "--input", "-", "--shortlist", sl,
+                "--lenpen-form", "fairseq")
+    assert r.code == 2 and "this CTranslate2 export has no vocabulary map" in r.err, r
+    r = run_cli("export", wm["data"], "--path", wm["post"], "--output", tmp_path / "hf", "--format", "huggingface",
+                "--shortlist", sl)
+    assert r.code == 2 and "--shortlist: the huggingface export's runtime has no vocabulary selection" in r.err, r
+    bad = tmp_path / "bad.txt"
+    first, second = sl.read_text(encoding="utf-8").splitlines()[:2]
+    bad.write_text(f"{first}\n{second.replace(chr(9), ' ')}\n", encoding="utf-8")  # no tab on line 2
+    for args in (["generate", wm["data"], "--path", wm["post"], "--input", "-"],
+                 ["export", wm["data"], "--path", wm["post"], "--output", tmp_path / "x"]):
+        r = run_cli(*args, "--shortlist", bad)
+        assert r.code == 2 and f"{bad}:2:" in r.err and len(r.err.strip().splitlines()) == 1, r
+    assert not (tmp_path / "x").exists()
+
+
+def test_generate_with_a_shortlist(wm, wm_shortlist, tmp_path, run_cli):
+    """`generate --shortlist` gives what `Translator.load(..., shortlist=)` gives; its outputs are
+    made of the candidates of their batch."""
+    from nmtkit import Translator
+
+    sl, _ = wm_shortlist
+    texts = sentences(20, 4)
+    src = tmp_path / "in.de"
+    src.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    r = run_cli("generate", wm["data"], "--path", wm["post"], "--input", src, "--shortlist", sl, "--beam", "3",
+                "--batch-size", "4")
+    assert r.code == 0, r
+    tr = Translator.load(wm["post"], wm["data"], shortlist=sl, threads=1, beam=3, batch_size=4)
+    assert lines(r.out) == tr.translate(texts)
+    for batch in range(0, len(texts), 4):  # batches are formed after sorting by length: check per sentence
+        for item, hyp in zip(tr.encode(texts[batch:batch + 1]), tr.translate_nbest(texts[batch:batch + 1])):
+            allowed = set(tr.engine.shortlist.candidates([item.ids]).tolist())
+            assert set(hyp[0].hypothesis.tokens) <= allowed

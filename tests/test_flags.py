@@ -138,6 +138,7 @@ EXPECTED = {
         "--device": ('auto', None),
         "--precision": ('fp32', None),
         "--quantize": ('none', None),
+        "--shortlist": (None, None),
         "--print-alignment": (None, None),
         "--alignment-layer": (None, None),
         "--score-reference": (False, None),
@@ -189,6 +190,7 @@ EXPECTED = {
         "--threads": (0, None),
         "--ema": (False, None),
         "--quantize": ('none', None),
+        "--shortlist": (None, None),
     },
     "attention": {
         "data_dir": (..., None),
@@ -270,6 +272,7 @@ EXPECTED = {
         "--ema": (False, None),
         "--force": (False, None),
         "--score-file": (None, None),
+        "--shortlist": (None, None),
     },
     "score": {
         "--ref -r": (..., None),

@@ -127,8 +127,8 @@ def test_generate_prefix_file_must_match_the_input(setup, tmp_path, run_cli):  #
     assert r.code == 2 and "--prefix" in r.err and "has 1 lines" in r.err, r
 
 
-@pytest.mark.parametrize("flag", ["--avoid", "--prefix"])
-def test_a_missing_terms_file_is_one_line_naming_its_flag(setup, tmp_path, run_cli, flag):  # noqa: F811
+@pytest.mark.parametrize("flag", ["--avoid", "--prefix", "--shortlist", "--input"])
+def test_a_missing_input_file_is_one_line_naming_its_flag(setup, tmp_path, run_cli, flag):  # noqa: F811
     data, ckpt, _, _ = setup
     (tmp_path / "in.de").write_text("der Hund\n", encoding="utf-8")
     r = run_cli("generate", data, "--path", ckpt, "--input", tmp_path / "in.de", flag, tmp_path / "nope.txt", *COMMON)

@@ -56,6 +56,10 @@ class Engine:
     # `Terms` in `search` (phrases that must or must not appear, a forced prefix): a constrained
     # search of its own; an engine without one refuses them in `require_terms`'s one line
     constraints: ClassVar[bool] = False
+    # a lexical shortlist (`use_shortlist`): the output layer restricted per batch to the union of
+    # the candidates of its source pieces (docs/generate.md, "Lexical shortlists")
+    shortlists: ClassVar[bool] = False
+    shortlist = None  # the one in use (`use_shortlist`), or None
     # search settings (SearchConfig's names) that differ from SearchConfig's defaults when not
     # given: what the runtime's own search does (CTranslate2 has only fairseq's rules)
     search_defaults: ClassVar[dict] = {}
@@ -105,6 +109,19 @@ class Engine:
         if not cls.constraints:
             raise UserError(f"constraints, avoided phrases and target prefixes: {cls.display} has no constrained "
                             "search; translate with the checkpoint and its data directory (nmtkit's own search)")
+
+    @classmethod
+    def require_shortlists(cls) -> None:
+        """UserError unless this runtime can restrict its output layer to a shortlist's candidates:
+        the line `Translator` gives before the model is loaded."""
+        if not cls.shortlists:
+            raise UserError(f"--shortlist: {cls.display} cannot restrict its output layer; translate with the "
+                            "checkpoint and its data directory, or an ONNX or CTranslate2 export")
+
+    def use_shortlist(self, shortlist) -> None:
+        """Search every later batch over `shortlist`'s candidates for its sources (a
+        `nmtkit.data.shortlist.Shortlist` read with this model's dictionaries)."""
+        self.shortlist = shortlist
 
     def architectures(self) -> list[dict]:
         """Each model's architecture (`ArchConfig.to_dict()`), for /info."""

@@ -43,6 +43,7 @@ class ExportOptions:
     quantization: str = setting("float32", flag="--quantization", help="Weight type: float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or bfloat16 (onnx: float32 or int8; huggingface: float32, float16 or bfloat16).")
     ema: bool = setting(False, flag="--ema", help="Export the checkpoint's EMA weights instead of the raw weights.")
     force: bool = setting(False, flag="--force", help="Replace --output if it is an earlier export.")
+    shortlist: str | None = setting(None, flag="--shortlist", help="A lexical shortlist (nmtkit shortlist) to ship with the export: onnx and ctranslate2 (its vmap.txt) apply it with generate --shortlist.")
     score_file: str | None = setting(None, flag="--score-file", help="huggingface: the output of nmtkit score, whose BLEU and sacreBLEU signature the model card reports.")
 
     def validate(self) -> None:
@@ -55,6 +56,11 @@ class ExportOptions:
             raise UserError(f"--score-file: the {self.format} export has no model card; drop it")
         if self.score_file is not None and not Path(self.score_file).is_file():
             raise UserError(f"--score-file {self.score_file}: not found (give the output of nmtkit score)")
+        if self.shortlist is not None and not getattr(convert, "SHORTLIST_FILE", None):
+            raise UserError(f"--shortlist: the {self.format} export's runtime has no vocabulary selection; "
+                            "export to onnx or ctranslate2")
+        if self.shortlist is not None and not Path(self.shortlist).is_file():
+            raise UserError(f"--shortlist {self.shortlist}: not found (make one with nmtkit shortlist DATA_DIR)")
         quantizations = convert.QUANTIZATIONS
         if self.quantization not in quantizations:
             raise UserError(f"--quantization must be one of {', '.join(quantizations)}, got {self.quantization!r}")
@@ -158,6 +164,10 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
     names = data_files(manifest)
     verify_files(opts.data_dir, manifest, names)
     src_dict, tgt_dict = load_dictionaries(opts.data_dir, manifest)
+    if opts.shortlist is not None:  # read with the model's dictionaries: a bad file is refused before any work
+        from nmtkit.data.shortlist import Shortlist
+
+        Shortlist.load(opts.shortlist, src_dict, tgt_dict)
     meta = _checkpoint_meta(opts.path)
     loaded = load_models([opts.path], src_dict, tgt_dict, "cpu", "fp32", ema=opts.ema,
                          langs=(manifest["source_lang"], manifest["target_lang"]))
@@ -168,7 +178,7 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
                                [tgt_dict[i] for i in range(len(tgt_dict))])
     del loaded  # the torch weights: the format's copy is what gets written
     with atomic_directory(out) as tmp:
-        runtime = convert.write(prepared, tmp, opts.quantization)
+        runtime = convert.write(prepared, tmp, opts.quantization, **({"shortlist": True} if opts.shortlist else {}))
         del prepared
         if hasattr(convert, "write_extras"):
             convert.write_extras(tmp, ExportContext(opts, opts.data_dir, manifest, meta, cfg))
@@ -177,6 +187,9 @@ def export(opts: ExportOptions, status=None) -> ExportResult:
             shutil.copy2(Path(opts.data_dir) / name, tmp / name)
         verify_files(tmp, {"files": {n: manifest["files"][n] for n in names if n in manifest["files"]}})
         info = _description(opts, runtime, runtime_files, cfg, meta, manifest, names)
+        if opts.shortlist is not None:  # under the name its runtime reads (CTranslate2: vmap.txt)
+            shutil.copy2(opts.shortlist, tmp / convert.SHORTLIST_FILE)
+            info["shortlist"] = {"file": convert.SHORTLIST_FILE, "sha256": sha256_of(tmp / convert.SHORTLIST_FILE)}
         write_info(tmp, info)
         size = sum(p.stat().st_size for p in tmp.iterdir())
     return ExportResult(out, {"format": "nmtkit-export", **info}, size, time.perf_counter() - t0, cleaned)

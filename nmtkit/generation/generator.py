@@ -88,6 +88,7 @@ class GenerateOptions:
     buffer_size: int = setting(10000, flag="--buffer-size", unset=True, show_default=False, help="Sentences read, sorted and translated at a time [default: 10000; 1 when --input - is a terminal: each line is translated as it is entered].")
     device: str = setting("auto", flag="--device", help="auto, cpu, cuda, cuda:N or mps.")
     precision: str = setting("fp32", flag="--precision", help="fp32, bf16 or fp16 (weights and activations; scores in fp32).")
+    shortlist: str | None = setting(None, flag="--shortlist", help="A lexical shortlist (nmtkit shortlist): the output layer restricted per batch to its candidates for the batch's source pieces (faster; docs/generate.md). On a CTranslate2 export: the export's own vmap.txt.")
     quantize: str = setting("none", flag="--quantize", help="int8: int8 linear layers on CPU (faster, scores in fp32; a small BLEU cost, docs/generate.md); none: the model's fp32 weights.")
     threads: int = setting(0, flag="--threads", help="CPU threads for torch (0 = torch's default).")
     seed: int | None = setting(None, flag="--seed", help="Random seed (sampling).")
@@ -117,7 +118,8 @@ class GenerateOptions:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.input is not None and self.gen_subset is not None:
             raise UserError("--input and --gen-subset exclude each other (raw text or a binarized split)")
-        for flag, path in (("--avoid", self.avoid), ("--prefix", self.prefix)):
+        for flag, path in (("--input", self.input), ("--reference", self.reference), ("--avoid", self.avoid),
+                           ("--prefix", self.prefix), ("--shortlist", self.shortlist)):
             if path is not None and path != "-" and not Path(path).is_file():
                 raise UserError(f"{flag} {path}: not found" if not Path(path).exists() else f"{flag} {path}: not a file")
         for flag, v in (("--max-tokens", self.max_tokens), ("--batch-size", self.batch_size)):
@@ -224,7 +226,7 @@ def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Trans
     prepared = source.engine.prepare(options, warn)
     _check_output_path(opts)
     tr = Translator.open(source, options, prepared=prepared, max_tokens=opts.max_tokens,
-                         batch_size=opts.batch_size, warn=warn, search=search)
+                         batch_size=opts.batch_size, warn=warn, search=search, shortlist=opts.shortlist)
     tr.positional_scores = opts.format == "fairseq"  # its P- lines
     opts.check_langs(tr.manifest)
     tr.target_lang = opts.target_lang

@@ -151,7 +151,8 @@ class Translator:
              device: str = "auto", precision: str = "fp32", ema: bool = False, threads: int = 0,
              max_tokens: int | None = None, batch_size: int | None = None, quantize: str | None = None,
              warn: Callable[[str], None] | None = None, search: SearchConfig | None = None,
-             target_lang: str | None = None, **search_settings) -> Translator:
+             target_lang: str | None = None, shortlist: str | os.PathLike | None = None,
+             **search_settings) -> Translator:
         """Load checkpoint `path` (or a list of them: an ensemble) for the data directory it was trained on.
 
         `data_dir` is required: its dictionaries must be the checkpoints' (checked by sha256, and
@@ -176,6 +177,11 @@ class Translator:
         `target_lang`: a multilingual model's target language when a call names none (each of
         `translate`, `translate_nbest`, `encode`, `score` and `attention` takes `target_lang=`
         too); a bilingual model accepts only its own target language or None.
+
+        `shortlist`: a lexical shortlist file (`nmtkit shortlist`; docs/generate.md, "Lexical
+        shortlists"): every search restricts the output layer to the union of its batch's
+        candidates (faster; scores normalised over the candidates). Scores of given targets and
+        attention are unaffected.
         """
         paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
         source = describe(paths, data_dir, ema=ema, api=True)
@@ -185,14 +191,15 @@ class Translator:
         if search is None:
             search = cls.search_defaults(source)
         tr = cls.open(source, options, max_tokens=max_tokens, batch_size=batch_size,
-                      warn=warn, search=search, **search_settings)
+                      warn=warn, search=search, shortlist=shortlist, **search_settings)
         tr.set_target_lang(target_lang)
         return tr
 
     @classmethod
     def open(cls, source: ModelSource, options: RuntimeOptions, *, search: SearchConfig, prepared=None,
              max_tokens: int | None = None, batch_size: int | None = None,
-             warn: Callable[[str], None] | None = None, **search_settings) -> Translator:
+             warn: Callable[[str], None] | None = None, shortlist: str | os.PathLike | None = None,
+             **search_settings) -> Translator:
         """`load` for a model already described (`nmtkit.backends.registry.describe`) and the
         load-time search its caller decided (a command's flags; `load`'s `search_defaults`): an
         export's files checked, the engine's process-wide set-up (`prepared`: its result, when the
@@ -206,7 +213,15 @@ class Translator:
         source.engine.check_search(cfg)  # before anything is read or loaded
         src_dict, tgt_dict = source.dictionaries()
         tgt_subword = source.subword_model(source.manifest["target_lang"])
+        shortlisted = None
+        if shortlist is not None:  # read before the model: a bad file costs no load
+            from nmtkit.data.shortlist import Shortlist
+
+            source.engine.require_shortlists()
+            shortlisted = Shortlist.load(shortlist, src_dict, tgt_dict)
         engine = source.engine.open(source, prepared, src_dict, tgt_dict, options, cfg)
+        if shortlisted is not None:
+            engine.use_shortlist(shortlisted)
         tr = cls(engine, source, src_dict=src_dict, tgt_dict=tgt_dict, tgt_subword=tgt_subword, search=cfg,
                  max_tokens=max_tokens, batch_size=batch_size, warn=warn)
         return tr

@@ -19,6 +19,12 @@ The model interface mirrors the native one (docs/internals.md), over arrays:
     enc = model.select_enc(enc, order)            # row i <- old row order[i], order (N',) int64
     cache = model.select_cache(cache, order)
 
+With a lexical shortlist's candidates (`vocab`, a `nmtkit.search.vocab.RestrictedVocab`), the
+model is one over those C candidates (the ONNX engine's `Graphs.restricted`): `step` takes the
+newest tokens as positions among them and returns (N, C) log-probabilities normalised over them
+(<pad>'s -inf, `nmtkit.search.vocab`); the search runs in positions, as `nmtkit.search.beam` does,
+and maps the hypotheses back to ids.
+
 Definitions (|Y|, the output limit, min_len) are `nmtkit.search.beam`'s.
 """
 
@@ -31,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from nmtkit.search.config import Hypothesis, SearchConfig, length_penalty
+from nmtkit.search.vocab import RestrictedVocab
 
 NEG_INF = np.float32(-np.inf)
 
@@ -109,13 +116,17 @@ def apply_rules(lprobs: np.ndarray, t: int, gen: np.ndarray, row_max_len: np.nda
         lprobs[force_eos, cfg.eos] = eos_lp[force_eos]
 
 
-def search(model: Any, src_tokens: np.ndarray, cfg: SearchConfig) -> list[list[Hypothesis]]:
+def search(model: Any, src_tokens: np.ndarray, cfg: SearchConfig,
+           vocab: RestrictedVocab | None = None) -> list[list[Hypothesis]]:
     """Up to `cfg.nbest` hypotheses per sentence, best first, in batch order (`nmtkit.search.beam.search`
     without ensembles). src_tokens: (B, S) int64, rows `ids + [</s>]` right-padded. Sampling draws
     from numpy's generator (seeded by `cfg.seed`): the same distributions as native sampling, other
-    random numbers."""
+    random numbers. `vocab`: the batch's shortlist candidates, over which `model` steps (module
+    docstring); the hypotheses' tokens are dictionary ids either way."""
     if src_tokens.shape[0] == 0:
         return []
+    if vocab is not None:  # the banned ids as positions; the found tokens back to ids
+        return vocab.hypotheses(search(model, src_tokens, vocab.config(cfg)))
     if cfg.sampling or cfg.beam == 1:
         return _independent(model, src_tokens, cfg)
     return _beam_search(model, src_tokens, cfg)

@@ -50,6 +50,7 @@ class ServeOptions:
     threads: int = same_setting(GenerateOptions, "threads")
     ema: bool = same_setting(GenerateOptions, "ema")
     quantize: str = same_setting(GenerateOptions, "quantize")
+    shortlist: str | None = same_setting(GenerateOptions, "shortlist")
     engine_note: str | None = field(default=None, compare=False, repr=False)  # from_flags: engine defaults chosen
     source: ModelSource | None = field(default=None, compare=False, repr=False)  # as GenerateOptions.source
 

@@ -83,7 +83,7 @@ def load_translator(opts: ServeOptions, warn: Callable[[str], None], prepared=No
 
     return Translator.open(model_source(opts), runtime_options(opts), prepared=prepared,
                            batch_size=opts.max_batch_sentences, max_tokens=opts.max_batch_tokens, warn=warn,
-                           search=opts.search)
+                           search=opts.search, shortlist=opts.shortlist)
 
 
 def model_name(path: str) -> str:
@@ -140,6 +140,10 @@ def beyond_loopback(address: str) -> bool:
     return not ip.is_loopback
 
 
+def _shortlist_info(shortlist) -> dict | None:
+    return None if shortlist is None else {"file": os.path.basename(shortlist.path), "sha256": shortlist.sha256}
+
+
 def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) -> dict:
     """GET /info's answer (the checkpoints by name: where they are on disk is the operator's)."""
     from nmtkit import __version__
@@ -155,6 +159,8 @@ def model_info(tr: Any, opts: ServeOptions, limits: Limits, sha256s: list[str]) 
         "data": data_description(getattr(tr, "model_source", None)),
         "attention": bool(getattr(tr.engine, "teacher_forcing", False)),
         "terminology": bool(getattr(tr.engine, "constraints", False)),
+        # the lexical shortlist in use (its file name and sha256), or None
+        "shortlist": _shortlist_info(getattr(tr.engine, "shortlist", None)),
         "defaults": {name: getattr(tr.search, name) for name in SEARCH_SETTINGS},
         "limits": {"max_request_sentences": limits.max_request_sentences,
                    "max_sentence_chars": limits.max_sentence_chars, "max_beam": limits.max_beam,

@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--lenpen", type=float, default=0.6)
     ap.add_argument("--max-len", type=int, default=256, help="max_decoding_length")
+    ap.add_argument("--use-vmap", action="store_true", help="apply the export's vocabulary map (vmap.txt)")
     a = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -47,7 +48,8 @@ def main() -> None:
     tokens = [src_sp.encode(lines[i]) for i in todo]
     t1 = time.perf_counter()
     results = translator.translate_batch(tokens, beam_size=a.beam, length_penalty=a.lenpen,
-                                         max_batch_size=a.batch_size, max_decoding_length=a.max_len) if tokens else []
+                                         max_batch_size=a.batch_size, max_decoding_length=a.max_len,
+                                         use_vmap=a.use_vmap) if tokens else []
     translate_s = time.perf_counter() - t1
     out = [""] * len(lines)
     n_tok = 0

@@ -27,6 +27,9 @@
 #   BATCH_SIZES=1,16,128  THREADS=1,2  CELLS=1x1,2x128 (only these THREADSxBATCH pairs)  RUNS=3  BEAM=4  LENPEN=0.6  LIMIT=0 (first N sentences; 0 = all)
 #   SYSTEMS=nmtkit,nmtkit-int8,ct2,ct2-int8,onnx,onnx-int8   add "baseline" with BASELINE=DIR (another nmtkit
 #                      checkout, e.g. a worktree of an older commit: its fp32, for before/after)
+#   SHORTLIST=FILE     a lexical shortlist (`nmtkit shortlist DATA`), for the systems nmtkit-sl, nmtkit-int8-sl,
+#                      onnx-sl, onnx-int8-sl (exported with --shortlist) and ct2-vmap, ct2-int8-vmap (CTranslate2
+#                      with the same file as its vmap.txt), each printed beside itself without it
 #   EXTRA="..."        more `nmtkit generate` flags
 #   BENCH_DIR=DIR      scratch folder (default: ./runs/bench_generate)
 #   OMP_WAIT_POLICY=PASSIVE  set it when the machine is busy with other work: OpenMP's default
@@ -53,4 +56,5 @@ ref=$m30k/test_2016_flickr.en; [ -f "$ref" ] || ref=$ref.gz
 python recipes/bench/generate_bench.py --data "$DATA" --ckpt "$CKPT" --src "$src" --ref "$ref" --work "$bench" \
     --batch-sizes "${BATCH_SIZES:-1,16,128}" --threads "${THREADS:-1,2}" --cells "${CELLS:-}" --runs "${RUNS:-3}" \
     --limit "${LIMIT:-0}" --beam "${BEAM:-4}" --lenpen "${LENPEN:-0.6}" \
-    --systems "${SYSTEMS:-nmtkit,nmtkit-int8,ct2,ct2-int8,onnx,onnx-int8}" --baseline "${BASELINE:-}" --extra "${EXTRA:-}"
+    --systems "${SYSTEMS:-nmtkit,nmtkit-int8,ct2,ct2-int8,onnx,onnx-int8}" --baseline "${BASELINE:-}" --extra "${EXTRA:-}" \
+    --shortlist "${SHORTLIST:-}"

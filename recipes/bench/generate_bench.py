@@ -36,6 +36,15 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]  # the checkout benchmarked (every nmtkit run imports it through PYTHONPATH)
 
 
+# each route with the shortlist against itself without it, and nmtkit's against CTranslate2's vmap
+SHORTLIST_PAIRS = (("nmtkit fp32 + shortlist", "nmtkit fp32"), ("nmtkit int8 + shortlist", "nmtkit int8"),
+                   ("ONNX fp32 + shortlist", "ONNX fp32"), ("ONNX int8 + shortlist", "ONNX int8"),
+                   ("CTranslate2 float32 + vmap", "CTranslate2 float32"),
+                   ("CTranslate2 int8_float32 + vmap", "CTranslate2 int8_float32"),
+                   ("nmtkit int8 + shortlist", "CTranslate2 int8_float32 + vmap"),
+                   ("ONNX int8 + shortlist", "CTranslate2 int8_float32 + vmap"))
+
+
 def run_timed(cmd: list[str], env: dict, cwd: Path, stdin=None) -> tuple[float, float, str, str]:
     """(wall seconds, peak RSS MiB (the process's own, from wait4), stdout, stderr) of one process.
 
@@ -227,6 +236,7 @@ def main() -> None:
                     help="comma-separated: nmtkit, nmtkit-int8, ct2, ct2-int8, onnx, onnx-int8, baseline")
     ap.add_argument("--baseline", default="", help="another nmtkit checkout: its fp32 as system 'baseline'")
     ap.add_argument("--extra", default="", help="more `nmtkit generate` flags, space-separated")
+    ap.add_argument("--shortlist", default="", help="a lexical shortlist (nmtkit shortlist) for the *-sl / *-vmap systems")
     ap.add_argument("--export-pythonpath", default=None,
                     help="PYTHONPATH for the `nmtkit export` step only (a checkout that has the command)")
     a = ap.parse_args()
@@ -258,49 +268,59 @@ def main() -> None:
                      *search, *extra, *a.extra.split()], "nmtkit")
         return make
 
-    exports = {}
-    for q in ("float32", "int8"):
-        if f"ct2{'-int8' if q == 'int8' else ''}" not in wanted:
-            continue
-        out = work / f"ct2_{q}"
-        print(f"[bench] nmtkit export --format ctranslate2 --quantization {q} -> {out}", flush=True)
-        env = dict(os.environ, PYTHONPATH=a.export_pythonpath or str(REPO))
-        r = subprocess.run([py, "-m", "nmtkit", "export", a.data, "--path", a.ckpt, "--format", "ctranslate2",
-                            "--output", str(out), "--quantization", q, "--force"], capture_output=True, text=True,
-                           env=env, cwd=work)
-        if r.returncode != 0:
-            print(f"[bench] no CTranslate2 side: `nmtkit export` failed: {(r.stderr or r.stdout).strip()[-500:]}",
-                  flush=True)
-            wanted = [s for s in wanted if not s.startswith("ct2")]
-            break
-        exports[q] = out
+    if any(s.endswith(("-sl", "-vmap")) for s in wanted) and not a.shortlist:
+        sys.exit("[bench] the *-sl and *-vmap systems need --shortlist FILE (nmtkit shortlist DATA_DIR)")
+    a.shortlist = str(Path(a.shortlist).resolve()) if a.shortlist else ""
 
-    onnx_exports = {}
-    for q in ("float32", "int8"):
-        if f"onnx{'-int8' if q == 'int8' else ''}" not in wanted:
-            continue
-        out = work / f"onnx_{q}"
-        print(f"[bench] nmtkit export --format onnx --quantization {q} -> {out}", flush=True)
-        r = subprocess.run([py, "-m", "nmtkit", "export", a.data, "--path", a.ckpt, "--format", "onnx",
-                            "--output", str(out), "--quantization", q, "--force"], capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=work)
-        if r.returncode != 0:
-            sys.exit(f"[bench] nmtkit export --format onnx failed: {(r.stderr or r.stdout).strip()[-500:]}")
-        onnx_exports[q] = out
+    def export(fmt: str, q: str, shortlist: bool, pythonpath: str | None = None) -> Path | str:
+        """`nmtkit export` of CKPT into the work folder: its directory, or the error's last lines."""
+        out = work / f"{'ct2' if fmt == 'ctranslate2' else fmt}_{q}{'_sl' if shortlist else ''}"
+        print(f"[bench] nmtkit export --format {fmt} --quantization {q}{' --shortlist' if shortlist else ''} -> {out}",
+              flush=True)
+        r = subprocess.run([py, "-m", "nmtkit", "export", a.data, "--path", a.ckpt, "--format", fmt, "--output", str(out),
+                            "--quantization", q, "--force", *(["--shortlist", a.shortlist] if shortlist else [])],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=pythonpath or str(REPO)),
+                           cwd=work)
+        return out if r.returncode == 0 else (r.stderr or r.stdout).strip()[-500:]
 
-    def onnx(q: str):
+    exports = {}  # (quantization, with a shortlist) -> CTranslate2 export
+    for q in ("float32", "int8"):
+        for sl in (False, True):
+            if f"ct2{'-int8' if q == 'int8' else ''}{'-vmap' if sl else ''}" not in wanted:
+                continue
+            out = export("ctranslate2", q, sl, a.export_pythonpath)
+            if isinstance(out, str):
+                print(f"[bench] no CTranslate2 side: `nmtkit export` failed: {out}", flush=True)
+                wanted = [s for s in wanted if not s.startswith("ct2")]
+                break
+            exports[q, sl] = out
+
+    onnx_exports = {}  # quantization -> ONNX export; with a shortlist: (quantization, True)
+    for q in ("float32", "int8"):
+        for sl in (False, True):
+            if f"onnx{'-int8' if q == 'int8' else ''}{'-sl' if sl else ''}" not in wanted:
+                continue
+            out = export("onnx", q, sl)
+            if isinstance(out, str):
+                sys.exit(f"[bench] nmtkit export --format onnx failed: {out}")
+            onnx_exports[(q, True) if sl else q] = out
+
+    def onnx(q: str, shortlist: bool = False):
         def make(bs, threads, hyp):
-            return ([py, "-m", "nmtkit", "generate", "--path", str(onnx_exports[q]), "--input", str(src),
+            folder = onnx_exports[(q, True) if shortlist else q]
+            return ([py, "-m", "nmtkit", "generate", "--path", str(folder), "--input", str(src),
                      "--output", str(hyp), "--threads", str(threads), "--batch-size", str(bs),
+                     *(["--shortlist", str(folder / "shortlist.txt")] if shortlist else []),
                      *search, *a.extra.split()], "nmtkit")
         return make
 
-    def ct2(q: str, compute_type: str):
+    def ct2(q: str, compute_type: str, vmap: bool = False):
         def make(bs, threads, hyp):
-            return ([py, str(HERE / "ct2_translate.py"), "--model", str(exports[q]), "--data", a.data,
+            return ([py, str(HERE / "ct2_translate.py"), "--model", str(exports[q, vmap]), "--data", a.data,
                      "--src-lang", a.src_lang, "--tgt-lang", a.tgt_lang, "--input", str(src), "--output", str(hyp),
                      "--compute-type", compute_type, "--threads", str(threads), "--batch-size", str(bs),
-                     "--beam", str(a.beam), "--lenpen", str(a.lenpen), "--max-len", "256"], "ct2")
+                     "--beam", str(a.beam), "--lenpen", str(a.lenpen), "--max-len", "256",
+                     *(["--use-vmap"] if vmap else [])], "ct2")
         return make
 
     catalog = {
@@ -311,6 +331,14 @@ def main() -> None:
         "baseline": lambda: System("nmtkit fp32 (baseline)", native([]), Path(a.baseline).resolve()),
         "onnx": lambda: System("ONNX fp32", onnx("float32"), REPO),
         "onnx-int8": lambda: System("ONNX int8", onnx("int8"), REPO),
+        # with the lexical shortlist --shortlist (docs/generate.md, "Lexical shortlists")
+        "nmtkit-sl": lambda: System("nmtkit fp32 + shortlist", native(["--shortlist", a.shortlist]), REPO),
+        "nmtkit-int8-sl": lambda: System("nmtkit int8 + shortlist",
+                                         native(["--quantize", "int8", "--shortlist", a.shortlist]), REPO),
+        "ct2-vmap": lambda: System("CTranslate2 float32 + vmap", ct2("float32", "float32", True), REPO),
+        "ct2-int8-vmap": lambda: System("CTranslate2 int8_float32 + vmap", ct2("int8", "int8_float32", True), REPO),
+        "onnx-sl": lambda: System("ONNX fp32 + shortlist", onnx("float32", True), REPO),
+        "onnx-int8-sl": lambda: System("ONNX int8 + shortlist", onnx("int8", True), REPO),
     }
     systems = [catalog[s]() for s in wanted]
     print(f"[bench] load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
@@ -349,7 +377,8 @@ def main() -> None:
 
     startup = []
     starts = {"nmtkit fp32": [a.data, "--path", a.ckpt], "nmtkit fp32 (baseline)": [a.data, "--path", a.ckpt],
-              **{f"ONNX {'fp32' if q == 'float32' else q}": ["--path", str(d)] for q, d in onnx_exports.items()}}
+              **{f"ONNX {'fp32' if q == 'float32' else q}": ["--path", str(d)] for q, d in onnx_exports.items()
+                 if isinstance(q, str)}}
     for s in [s for s in systems if s.label in starts]:
         cmd = [py, "-m", "nmtkit", "generate", *starts[s.label], "--input", "-"]
         walls = []
@@ -371,7 +400,8 @@ def main() -> None:
     labels = [s.label for s in systems]
     pairs = [(x, y) for x, y in (("nmtkit fp32", "CTranslate2 float32"), ("nmtkit int8", "CTranslate2 int8_float32"),
                                  ("nmtkit fp32", "nmtkit fp32 (baseline)"), ("ONNX fp32", "CTranslate2 float32"),
-                                 ("ONNX int8", "CTranslate2 int8_float32"), ("ONNX int8", "CTranslate2 float32"))
+                                 ("ONNX int8", "CTranslate2 int8_float32"), ("ONNX int8", "CTranslate2 float32"),
+                                 *SHORTLIST_PAIRS)
              if x in labels and y in labels]
     if pairs:
         print()

@@ -37,6 +37,9 @@ import numpy as np
 from nmtkit.errors import UserError, first_line
 
 INSTALL_HINT = "pip install -e '.[ctranslate2]' in the nmtkit checkout"
+# an export's lexical shortlist (`nmtkit export --shortlist`): the file CTranslate2 reads from the
+# model directory when a translation asks for `use_vmap`
+SHORTLIST_FILE = "vmap.txt"
 # Converter.convert's quantization names (`nmtkit export --quantization`).
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmtkit's model uses
@@ -263,8 +266,9 @@ def prepare(model, src_tokens: list[str], tgt_tokens: list[str]):
     return build_spec(model, src_tokens, tgt_tokens)
 
 
-def write(spec, folder, quantization: str) -> dict:
+def write(spec, folder, quantization: str, shortlist: bool = False) -> dict:
     """Write `spec` (from `prepare`) into the new folder `folder`; returns what nmtkit.json
-    records of the runtime (its version)."""
+    records of the runtime (its version). `shortlist` changes nothing: CTranslate2 restricts its
+    output layer itself, from the vmap.txt that `nmtkit export` copies beside the model."""
     convert(spec, str(folder), quantization)
     return {"version": import_ctranslate2().__version__}

@@ -41,6 +41,10 @@ How nmtkit's search settings map onto CTranslate2 (docs/export.md has the table)
   `--early-stop bound|none` with a beam, `--unk-penalty`, `--ema` and `--quantize` (chosen at
   export time), ensembles, scores of given targets, alignments and attention, and terminology
   (constraints, avoided phrases, prefixes: `Engine.constraints` is False).
+- a lexical shortlist is CTranslate2's own vocabulary map (`use_vmap`), the export's vmap.txt: the
+  same candidates per batch and the same distribution over them as nmtkit's search. Not its
+  rescoring: `score_batch` has no vocabulary map, so a hypothesis closed at the output limit, and
+  the per-token scores asked for (`--format fairseq`), are scored over the whole vocabulary.
 
 `Hypothesis.positional_scores` (fairseq format's P- lines) cost a forced-decoding pass
 (`score_batch`); they are filled when the caller asks for them (`nmtkit generate --format
@@ -109,6 +113,7 @@ class CTranslate2Engine(Engine):
 
     name = "ctranslate2"
     display = "CTranslate2"
+    shortlists = True  # the export's vmap.txt (`use_shortlist`)
     search_defaults = DECODING_PRESETS["fairseq"]
 
     def __init__(self, runtime, *, info: dict, src_dict, tgt_dict, device: str, compute_type: str):
@@ -123,6 +128,7 @@ class CTranslate2Engine(Engine):
         self.max_target_tokens = self.arch.max_target_positions - 1  # positions include <s>
         self.src_dict, self.tgt_dict = src_dict, tgt_dict
         self._tgt_ids = {tgt_dict[i]: i for i in range(len(tgt_dict))}
+        self.use_vmap = False  # `use_shortlist`: CTranslate2 applies the export's vmap.txt
 
     @classmethod
     def prepare(cls, options: RuntimeOptions, warn: Callable[[str], None]) -> tuple[str, int]:
@@ -156,6 +162,19 @@ class CTranslate2Engine(Engine):
 
     def architectures(self) -> list[dict]:
         return [self.arch.to_dict()]
+
+    def use_shortlist(self, shortlist) -> None:
+        """CTranslate2 restricts its output layer itself (`use_vmap`), to the union of the
+        candidates of the batch's source tokens, from the vocabulary map in the export directory:
+        `shortlist` must be that file, or one with the same bytes."""
+        entry = self.info.get("shortlist")
+        if entry is None:
+            raise UserError(f"--shortlist: this CTranslate2 export has no vocabulary map (CTranslate2 reads it from "
+                            f"the export directory); export again with nmtkit export --shortlist {shortlist.path}")
+        if shortlist.sha256 != entry["sha256"]:
+            raise UserError(f"--shortlist {shortlist.path}: not the export's own vocabulary map {entry['file']}, "
+                            f"which CTranslate2 applies; give that file")
+        self.shortlist, self.use_vmap = shortlist, True
 
     # -- searching
 
@@ -234,7 +253,8 @@ class CTranslate2Engine(Engine):
         t = self.tgt_dict
         alpha = cfg.lenpen if cfg.lenpen_form == "fairseq" else 0.0  # gnmt only with lenpen 0 (checked)
         opts = dict(max_input_length=0, max_decoding_length=limit, min_decoding_length=min(cfg.min_len, limit),
-                    return_scores=True, return_end_token=True, no_repeat_ngram_size=cfg.no_repeat_ngram_size)
+                    return_scores=True, return_end_token=True, no_repeat_ngram_size=cfg.no_repeat_ngram_size,
+                    use_vmap=self.use_vmap)
         if suppress:
             opts["suppress_sequences"] = ([[t[t.pad]]] + ([[t[t.bos]]] if t.bos != t.eos else [])
                                           + [[t[i]] for i in cfg.banned])

@@ -20,6 +20,14 @@ g per sentence, T target positions decoded so far; L decoder layers, h heads):
                 -> log_probs (N, V) float32 (log-softmax of the next token),
                    self_k_out_i (N, h, T + 1, d_k), self_v_out_i (N, h, T + 1, d_v)
 
+An export made with `--shortlist FILE` has one more decoder input, last: `out_proj_weight`
+(D, "vocab") float32, the output layer's weight (transposed), whose initializer is the whole
+(D, V) matrix. Not fed, the step is the one above; fed the columns of C candidate ids (D, C), it
+computes C logits instead of V and log_probs is (N, C), the log-softmax over those C only (as
+Marian and CTranslate2 normalise a shortlist; the engine feeds every candidate but <pad>, which
+`nmtkit.search.vocab` keeps at -inf). Only such an export has the input: ONNX Runtime does not
+pre-pack a weight that can be fed (measured: the full-vocabulary step a little slower).
+
 The token's position is T (read from self_k_0's shape). Decoder rows come in groups of g per
 encoder row (rows r*g .. r*g + g - 1 read encoder row r: a sentence's beams share one copy of
 its keys and values, as nmtkit's own cache does); g = 1 gives one encoder row per decoder row.
@@ -28,11 +36,14 @@ torch's 1e-5.
 
 `--quantization int8` quantizes the weight matrices' products (MatMul with a constant weight)
 with ONNX Runtime's dynamic quantization (`onnxruntime.quantization.quantize_dynamic`: int8
-weights, activations quantized per call); the attention products stay float32.
+weights, activations quantized per call); the attention products stay float32, and so does a
+shortlist export's output layer (its weight is an input, fed per batch).
 
 The export checks itself before the directory is renamed into place: ONNX Runtime on the written
 graphs, stepping through a few sentences with its caches, must give torch's teacher-forced
-log-probabilities within `TOLERANCE` (float32), or `INT8_TOLERANCE` for int8 graphs.
+log-probabilities within `TOLERANCE` (float32), or `INT8_TOLERANCE` for int8 graphs; with a
+shortlist, a step over some of the output layer's columns must also give the full step's
+columns renormalised over them, within `TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -43,12 +54,16 @@ from pathlib import Path
 
 import numpy as np
 
-from nmtkit.backends.onnx.engine import DECODER_FILE, ENCODER_FILE, INSTALL_HINT, Graphs, import_onnxruntime
+from nmtkit.backends.onnx.engine import (
+    DECODER_FILE, ENCODER_FILE, INSTALL_HINT, OUTPUT_WEIGHT, Graphs, import_onnxruntime, read_output_weight,
+)
 from nmtkit.errors import UserError
 
+SHORTLIST_FILE = "shortlist.txt"  # an export's lexical shortlist (`nmtkit export --shortlist`)
 QUANTIZATIONS = ("float32", "int8")  # `nmtkit export --format onnx --quantization`
 OPSET = 17  # LayerNormalization is an operator from opset 17
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmtkit's model uses
+PAD, BOS, EOS = 0, 1, 2  # docs/internals.md: the Dictionary's reserved ids
 # the self-check: the largest |log-prob difference| against torch on the check sentences
 TOLERANCE = 1e-3
 INT8_TOLERANCE = 1.0  # on the reference's own tokens (int8 weights move log-probs by a few tenths)
@@ -299,8 +314,19 @@ def _decoder_layer(g: _Graph, x: str, lw: dict, i: int, group_shape: str) -> str
     return g.sublayer(x, lw["ln_ffn"], f"dec.{i}.ln_ffn", lambda y: g.ffn(y, lw, f"dec.{i}"))
 
 
-def build_decoder(w: dict, cfg, bos: int, eos: int):
-    """decoder.onnx: one step (see the module docstring)."""
+def _output(g: _Graph, x: str, weight: np.ndarray, shortlist: bool) -> str:
+    """x (N, 1, D) -> log_probs (N, V); with `shortlist`, over the columns fed as `OUTPUT_WEIGHT`."""
+    if not shortlist:
+        logits = g.op("Reshape", g.linear(x, weight, "out_proj"), g.ints(-1, weight.shape[0]))
+    else:  # (a MatMul: the int8 pass turns a Gemm into a MatMul with a constant copy of the weight)
+        states = g.op("Reshape", x, g.ints(-1, weight.shape[1]))  # (N, D)
+        logits = g.op("MatMul", states, g.const(OUTPUT_WEIGHT, weight.T), tag="out_proj")  # (N, V | C)
+    return g.op("LogSoftmax", logits, axis=-1, out="log_probs")
+
+
+def build_decoder(w: dict, cfg, bos: int, eos: int, shortlist: bool = False):
+    """decoder.onnx: one step (see the module docstring); with `shortlist`, its output layer's
+    weight is also an input."""
     g = _Graph(cfg)
     step = g.op("Gather", g.op("Shape", "self_k_0"), g.const("time_axis", np.array(2, dtype=np.int64)))
     pos = g.op("Gather", g.const("tgt_pos", w["tgt_pos"]), step)  # (D,): position T
@@ -315,10 +341,9 @@ def build_decoder(w: dict, cfg, bos: int, eos: int):
         x = _decoder_layer(g, x, lw, i, group_shape)
     if w["dec_norm"] is not None:
         x = g.norm(x, w["dec_norm"], "dec.norm")
-    logits = g.op("Reshape", g.linear(x, w["out_proj"], "out_proj"), g.ints(-1, w["out_proj"].shape[0]))
-    g.op("LogSoftmax", logits, axis=-1, out="log_probs")
+    _output(g, x, w["out_proj"], shortlist)
     inputs = [_io("tokens", "int64", "rows", 1), _io("src_bias", "float", "groups", 1, 1, "src_len")]
-    outputs = [_io("log_probs", "float", "rows", w["out_proj"].shape[0])]
+    outputs = [_io("log_probs", "float", "rows", "vocab" if shortlist else w["out_proj"].shape[0])]
     for i in range(len(w["dec"])):
         inputs += [_io(f"self_k_{i}", "float", "rows", g.h, "past", g.dk),
                    _io(f"self_v_{i}", "float", "rows", g.h, "past", g.dv)]
@@ -327,6 +352,8 @@ def build_decoder(w: dict, cfg, bos: int, eos: int):
     for i in range(len(w["dec"])):
         inputs += [_io(f"cross_k_{i}", "float", "groups", g.h, "src_len", g.dk),
                    _io(f"cross_v_{i}", "float", "groups", g.h, "src_len", g.dv)]
+    if shortlist:  # the initializer is its default: the whole vocabulary when not fed
+        inputs.append(_io(OUTPUT_WEIGHT, "float", cfg.d_model, "vocab"))
     return g.model("nmtkit_decoder_step", inputs, outputs)
 
 
@@ -376,31 +403,64 @@ def check(folder: Path, ref: dict, tolerance: float, quantized: bool) -> float:
     return worst
 
 
+def shortlist_ids(vocab: int, prev: np.ndarray) -> np.ndarray:
+    """The check's candidates (C,) ascending: the special ids 0..3, every third id after them, and
+    the reference's target tokens (fed back as positions among them)."""
+    return np.union1d(np.r_[np.arange(min(4, vocab)), np.arange(4, vocab, 3)], prev).astype(np.int64)
+
+
+def check_shortlist(folder: Path, ref: dict) -> float:
+    """Step the graphs through `ref`'s target prefixes over the whole output layer and, from the
+    same caches, over `shortlist_ids`' columns only (read back from the written graph, as the
+    engine reads them); UserError unless the restricted log-probs are the full ones' columns
+    renormalised over the candidates but <pad> (log-softmax over them; <pad> -inf) within
+    `TOLERANCE`. Returns the largest difference."""
+    graphs = Graphs.load(folder, threads=1)
+    weight = read_output_weight(folder)  # (D, V)
+    ids = shortlist_ids(weight.shape[1], ref["prev"])
+    restricted = graphs.restricted(ids, weight)
+    enc = graphs.encode(ref["src"])
+    cache = graphs.empty_cache(len(ref["src"]))
+    worst = 0.0
+    for t in range(ref["prev"].shape[1]):
+        lp, _ = restricted.step(np.searchsorted(ids, ref["prev"][:, t]), enc, cache)  # (B, C)
+        full, cache = graphs.step(ref["prev"][:, t], enc, cache)  # (B, V)
+        cols = full[:, ids[1:]].astype(np.float64)
+        want = cols - np.logaddexp.reduce(cols, axis=1, keepdims=True)
+        diff = float(np.abs(lp[:, 1:] - want).max()) if np.isneginf(lp[:, PAD]).all() else math.inf
+        worst = max(worst, diff)
+    if not worst <= TOLERANCE:
+        raise UserError(f"the ONNX decoder in {folder} does not restrict its output layer correctly: log-probabilities "
+                        f"over a shortlist differ from the renormalised full ones by {worst:.3g} "
+                        f"(tolerance {TOLERANCE:g}); please report this model's architecture")
+    return worst
+
+
 # ---- the format's interface (nmtkit.backends.export) -------------------------------------------
 
 
 @dataclasses.dataclass
 class Prepared:
-    """The format's copy of a model: its graphs, and the reference the written graphs must meet."""
+    """The format's copy of a model: its weights (the graphs are built by `write`, which knows
+    whether the export has a shortlist), and the reference the written graphs must meet."""
 
-    encoder: object  # onnx.ModelProto
-    decoder: object
+    weights: dict  # `weights`
+    cfg: object  # the model's ArchConfig
     reference: dict
 
 
 def prepare(model, src_tokens: list[str], tgt_tokens: list[str]) -> Prepared:
-    """The graphs of a loaded nmtkit `Transformer` (eval mode) and torch's reference log-probs;
-    the caller then frees the torch model."""
+    """The weights of a loaded nmtkit `Transformer` (eval mode) as numpy, and torch's reference
+    log-probs; the caller then frees the torch model."""
     import_runtime()
     check_representable(model.cfg)
-    pad, bos, eos = 0, 1, 2  # docs/internals.md: the Dictionary's reserved ids
-    w = weights(model)
-    return Prepared(build_encoder(w, model.cfg, pad), build_decoder(w, model.cfg, bos, eos), reference(model, pad, bos, eos))
+    return Prepared(weights(model), model.cfg, reference(model, PAD, BOS, EOS))
 
 
 def quantize(folder: Path) -> None:
     """Replace both graphs by their int8 versions: MatMul with a constant weight (the
-    projections, the feed-forward layers and the output layer), not the attention products."""
+    projections, the feed-forward layers and the output layer), not the attention products, nor
+    a shortlist export's output layer (its weight is an input: columns fed per batch)."""
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -411,34 +471,40 @@ def quantize(folder: Path) -> None:
             src = folder / name
             tmp = folder / f".{name}.int8"
             quantize_dynamic(src, tmp, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                             nodes_to_exclude=_attention_nodes(src))
+                             nodes_to_exclude=_float_nodes(src))
             tmp.replace(src)
     finally:
         logging.disable(logging.NOTSET)
 
 
-def _attention_nodes(path: Path) -> list[str]:
+def _float_nodes(path: Path) -> list[str]:
+    """The nodes int8 leaves alone: the attention products and a shortlist export's output layer."""
     import onnx
 
-    return [n.name for n in onnx.load(str(path)).graph.node if n.name.startswith("attn_")]
+    return [n.name for n in onnx.load(str(path)).graph.node if n.name.startswith(("attn_", "out_proj_"))]
 
 
-def write(prepared: Prepared, folder, quantization: str) -> dict:
-    """Write the graphs into the new folder `folder`, check them against torch (and quantize
-    them); what nmtkit.json records of the runtime."""
+def write(prepared: Prepared, folder, quantization: str, shortlist: bool = False) -> dict:
+    """Build the graphs into the new folder `folder` (with `shortlist`, the decoder whose output
+    layer can be restricted), check them against torch (and quantize them); what nmtkit.json
+    records of the runtime."""
     import onnx
 
     ort = import_runtime()
     if quantization not in QUANTIZATIONS:
         raise UserError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    folder = Path(folder)
-    onnx.save(prepared.encoder, str(folder / ENCODER_FILE))
-    onnx.save(prepared.decoder, str(folder / DECODER_FILE))
-    diff = check(folder, prepared.reference, TOLERANCE, False)
+    folder, w, cfg = Path(folder), prepared.weights, prepared.cfg
+    onnx.save(build_encoder(w, cfg, PAD), str(folder / ENCODER_FILE))  # one graph in memory at a time
+    onnx.save(build_decoder(w, cfg, BOS, EOS, shortlist), str(folder / DECODER_FILE))
+    ref = prepared.reference
     record = {"version": ort.__version__, "onnx_version": onnx.__version__, "opset": OPSET,
-              "check": {"float32_max_logprob_diff": diff, "tolerance": TOLERANCE}}
+              "check": {"float32_max_logprob_diff": check(folder, ref, TOLERANCE, False), "tolerance": TOLERANCE}}
+    if shortlist:
+        record["check"]["shortlist_max_logprob_diff"] = check_shortlist(folder, ref)
     if quantization == "int8":
         quantize(folder)
-        record["check"]["int8_max_logprob_diff"] = check(folder, prepared.reference, INT8_TOLERANCE, True)
+        record["check"]["int8_max_logprob_diff"] = check(folder, ref, INT8_TOLERANCE, True)
         record["check"]["int8_tolerance"] = INT8_TOLERANCE
+        if shortlist:
+            record["check"]["int8_shortlist_max_logprob_diff"] = check_shortlist(folder, ref)
     return record

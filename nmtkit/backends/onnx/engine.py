@@ -12,6 +12,13 @@ penalty and stopping rule, `--nbest`, `--min-len`, `--no-repeat-ngram-size`, `--
 and sampling (numpy's generator, seeded by `--seed`: other samples than native's). It imports
 no torch (nor onnx: only onnxruntime and numpy).
 
+A lexical shortlist (`use_shortlist`) needs an export made with `nmtkit export --shortlist`,
+whose decoder takes the output layer's weight as an optional input: per batch the engine feeds it
+the columns of the batch's candidates but <pad> (the weight read once from the graph's
+initializer, with onnx, when a shortlist is first used), and the search runs over those
+candidates, <pad> holding its position at -inf (`nmtkit.search.vocab`). Any shortlist read with
+the model's dictionaries serves, not only the export's own copy.
+
 Refused in one line (`prepare` and the class attributes): a device other than the CPU,
 `--precision` other than fp32 (an int8 export is chosen when exported), `--ema` and `--quantize`
 (chosen at export time), ensembles, and scores of given targets, alignments and attention.
@@ -19,6 +26,7 @@ Refused in one line (`prepare` and the class attributes): a device other than th
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,10 +38,14 @@ from nmtkit.backends.engine import Engine, RuntimeOptions
 from nmtkit.device import parse_device
 from nmtkit.errors import UserError, first_line
 from nmtkit.search.config import Hypothesis, SearchConfig
+from nmtkit.search.vocab import RestrictedVocab
 
 INSTALL_HINT = "pip install -e '.[onnx]' in the nmtkit checkout"
 # the graphs of an export directory; written by convert.py, which builds on this runtime side
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
+# a shortlist export's decoder input (and initializer): the output layer's weight (D, V), fed as
+# the columns of a batch's candidates (D, C) to compute C logits (convert.py's module docstring)
+OUTPUT_WEIGHT = "out_proj_weight"
 
 
 def import_onnxruntime():
@@ -43,6 +55,24 @@ def import_onnxruntime():
     except ImportError:
         raise UserError(f"the ONNX Runtime is not installed: {INSTALL_HINT}") from None
     return onnxruntime
+
+
+def read_output_weight(folder: str | Path) -> np.ndarray:
+    """The output layer's weight (D, V) float32 from a shortlist export's decoder graph: the
+    initializer that a restricted step replaces by some of its columns. UserError when the onnx
+    package is missing or the graph has no such initializer."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError:
+        raise UserError(f"--shortlist: reading the ONNX export's output layer needs the onnx package: "
+                        f"{INSTALL_HINT}") from None
+    path = Path(folder) / DECODER_FILE
+    for init in onnx.load(str(path)).graph.initializer:
+        if init.name == OUTPUT_WEIGHT:
+            return np.ascontiguousarray(numpy_helper.to_array(init), dtype=np.float32)
+    raise UserError(f"{path}: the decoder has no {OUTPUT_WEIGHT} initializer, so it cannot be restricted to a "
+                    "shortlist; export again with nmtkit export --format onnx --shortlist FILE")
 
 
 @dataclass
@@ -59,10 +89,13 @@ class EncoderState:
 
 
 class Graphs:
-    """The two ONNX Runtime sessions and the array model `nmtkit.search.arrays` searches over."""
+    """The two ONNX Runtime sessions and the array model `nmtkit.search.arrays` searches over
+    (over the whole vocabulary, or, made by `restricted`, over a batch's candidates)."""
 
     def __init__(self, encoder, decoder):
         self.encoder, self.decoder = encoder, decoder
+        self.ids: np.ndarray | None = None  # (C,) the candidates of a restricted view
+        self._extra: dict[str, np.ndarray] = {}  # a restricted view's OUTPUT_WEIGHT
         ins = {i.name: i for i in decoder.get_inputs()}
         self.layers = sum(1 for n in ins if n.startswith("self_k_"))
         self._empty = [(ins[f"self_{kv}_{i}"].shape[1], ins[f"self_{kv}_{i}"].shape[3])
@@ -80,6 +113,9 @@ class Graphs:
         # no arena: the caches grow every step and the batch shrinks, so an arena keeps the
         # largest of each size class (measured: 45 MiB more peak RSS at batch 128, no faster)
         opts.enable_cpu_mem_arena = False
+        # errors only: a shortlist export's decoder makes ONNX Runtime warn at each load that an
+        # initializer listed as an input is not constant-folded, which is what it is there for
+        opts.log_severity_level = 3
         if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":  # as torch's and CTranslate2's threads:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # no spinning on a busy machine
         sessions = [ort.InferenceSession(str(Path(folder) / f), opts, providers=["CPUExecutionProvider"])
@@ -99,14 +135,29 @@ class Graphs:
         """The self-attention caches before the first step: (rows, h, 0, d) each."""
         return [np.zeros((rows, h, 0, d), np.float32) for h, d in self._empty]
 
+    def restricted(self, ids: np.ndarray, weight: np.ndarray) -> Graphs:
+        """These sessions as a model over the candidates `ids` (C,) (a `RestrictedVocab`'s:
+        ascending, <pad> first), `weight` (D, V) the output layer's (a shortlist export's decoder
+        only): tokens in and out are positions among the candidates, and the log-probs (N, C)
+        are normalised over them but <pad> (ids[0]), whose column is not fed and stays -inf."""
+        view = copy.copy(self)
+        view.ids, view._extra = ids, {OUTPUT_WEIGHT: np.ascontiguousarray(weight[:, ids[1:]], dtype=np.float32)}
+        return view
+
     def step(self, prev: np.ndarray, enc: EncoderState, cache: list[np.ndarray] | None):
-        """prev (N,) int64 -> ((N, V) float32 log-probs, the caches with this position)."""
+        """prev (N,) int64 -> ((N, V) float32 log-probs, the caches with this position); in a
+        restricted view, prev are positions among the C candidates and the log-probs (N, C)."""
         if cache is None:
             cache = self.empty_cache(len(prev))
+        if self.ids is not None:
+            prev = self.ids[prev]  # (N,) positions -> dictionary ids for the embedding
         feed = {"tokens": np.ascontiguousarray(prev, dtype=np.int64).reshape(-1, 1), **enc.arrays,
-                **dict(zip(self._cache_names, cache))}
+                **dict(zip(self._cache_names, cache)), **self._extra}
         out = self.decoder.run(self._outputs, feed)
-        return out[0], out[1:]
+        if self.ids is None:
+            return out[0], out[1:]
+        pad = np.full((len(prev), 1), -np.inf, np.float32)  # <pad>'s position: no candidate
+        return np.concatenate([pad, out[0]], axis=1), out[1:]  # (N, C)
 
     def select_cache(self, cache: list[np.ndarray], order: np.ndarray) -> list[np.ndarray]:
         """Rows reordered in place in the list: each layer's old copy is freed before the next
@@ -145,10 +196,13 @@ class OnnxEngine(Engine):
 
     name = "onnx"
     display = "ONNX Runtime"
+    shortlists = True  # with an export made with --shortlist (`use_shortlist`)
 
-    def __init__(self, graphs: Graphs, *, info: dict, src_dict, tgt_dict):
+    def __init__(self, graphs: Graphs, *, info: dict, src_dict, tgt_dict, path: str | Path):
         self.graphs = graphs
         self.info = info
+        self.path = Path(path)
+        self.output_weight: np.ndarray | None = None  # (D, V), read when a shortlist is first used
         self.device = "cpu"
         arch = info["arch_config"]
         self.max_source_tokens = arch["max_source_positions"] - 1  # positions include </s>
@@ -176,10 +230,21 @@ class OnnxEngine(Engine):
             graphs = Graphs.load(path, threads=prepared)
         except Exception as e:  # onnxruntime raises its own exception types for a damaged graph
             raise UserError(f"{path}: ONNX Runtime cannot load its graphs: {first_line(e)}") from None
-        return cls(graphs, info=source.info, src_dict=src_dict, tgt_dict=tgt_dict)
+        return cls(graphs, info=source.info, src_dict=src_dict, tgt_dict=tgt_dict, path=path)
 
     def architectures(self) -> list[dict]:
         return [dict(self.info["arch_config"])]
+
+    def use_shortlist(self, shortlist) -> None:
+        """Restrict every later batch's output layer to `shortlist`'s candidates for its sources.
+        The export must have the restrictable decoder (made with --shortlist); the file may be
+        any shortlist for the model's dictionaries (the search needs no file of the export's)."""
+        if self.info.get("shortlist") is None:
+            raise UserError(f"--shortlist: this ONNX export's decoder cannot restrict its output layer; export again "
+                            f"with nmtkit export --format onnx --shortlist {shortlist.path}")
+        if self.output_weight is None:
+            self.output_weight = read_output_weight(self.path)
+        self.shortlist = shortlist
 
     def search(self, sources: Sequence[np.ndarray], cfg: SearchConfig,
                positional_scores: bool = False) -> list[list[Hypothesis]]:
@@ -187,7 +252,11 @@ class OnnxEngine(Engine):
 
         if not sources:
             return []
-        return search(self.graphs, collate_source(sources, self.src_dict.eos, self.src_dict.pad), cfg)
+        src = collate_source(sources, self.src_dict.eos, self.src_dict.pad)
+        if self.shortlist is None:
+            return search(self.graphs, src, cfg)
+        vocab = RestrictedVocab(self.shortlist.candidates(sources))  # the union of the batch's candidates
+        return search(self.graphs.restricted(vocab.ids, self.output_weight), src, cfg, vocab)
 
     def __repr__(self) -> str:
         return f"ONNX Runtime {self.info['runtime'].get('quantization', 'float32')}"

@@ -22,6 +22,7 @@ from nmtkit.errors import UserError
 from nmtkit.models.loading import LoadedModels, load_models, precision_dtype
 from nmtkit.search.beam import search
 from nmtkit.search.config import Hypothesis, SearchConfig, Terms
+from nmtkit.search.vocab import RestrictedVocab, term_ids
 
 
 def collate_source(rows: Sequence[np.ndarray], eos: int, pad: int) -> torch.Tensor:
@@ -62,6 +63,7 @@ class TorchEngine(Engine):
     runs_ema = True
     quantizes = True
     constraints = True  # nmtkit.search.terms
+    shortlists = True  # nmtkit.search.vocab: the output projection over the batch's candidates
 
     def __init__(self, loaded: LoadedModels, device: torch.device, src_dict, tgt_dict):
         self.loaded = loaded
@@ -95,7 +97,10 @@ class TorchEngine(Engine):
 
     def search(self, sources: Sequence[np.ndarray], cfg: SearchConfig,
                positional_scores: bool = False, terms: Sequence[Terms | None] | None = None) -> list[list[Hypothesis]]:
-        return search(self.models, self._source(sources), cfg, terms)
+        vocab = None
+        if self.shortlist is not None:  # the union of the batch's candidates, and the terms' own ids
+            vocab = RestrictedVocab(self.shortlist.candidates(sources, extra=term_ids(terms)))
+        return search(self.models, self._source(sources), cfg, terms, vocab)
 
     def layers(self, kind: str) -> int:
         return min(len(m.attention_modules(kind)) for m in self.models)
