@@ -212,6 +212,22 @@ def test_quantized_server_answers_what_generate_quantize_int8_gives(setup, run_c
     assert [t for r in rs for t in r.json()["translations"]] == ref
 
 
+def test_a_shortlist_server_names_it_and_answers_what_generate_shortlist_gives(setup, run_cli, tmp_path):  # noqa: F811
+    """One sentence per request, one request at a time: each search is one sentence, so its
+    candidates are its own and the answer is generate's with --batch-size 1 (with a shortlist the
+    candidates are a batch's union: sentences searched together may translate otherwise)."""
+    data, ckpt, _, _ = setup
+    sl = tmp_path / "shortlist.txt"
+    assert run_cli("shortlist", data, "--output", sl, "--best", "3", "--frequent", "5").code == 0
+    sents = POOL[:8]
+    ref = generate_alone(run_cli, data, ckpt, tmp_path, sents, "--shortlist", sl)
+    with running(options(data, ckpt, shortlist=str(sl), max_wait_ms=0)) as (url, _, _):
+        info = httpx.get(f"{url}/info").json()
+        got = [post(url, {"text": [x]}).json()["translations"][0] for x in sents]
+    assert info["shortlist"] == {"file": "shortlist.txt", "sha256": hashlib.sha256(sl.read_bytes()).hexdigest()}
+    assert got == ref
+
+
 def test_empty_inputs_and_empty_requests(server, want):
     url, _, _ = server
     assert post(url, {"text": []}).json() == {"translations": []}
@@ -314,7 +330,7 @@ def test_health_is_503_until_the_model_is_loaded_then_info_describes_it(setup): 
     assert info["model"]["architecture"] == [ckpt_state["arch_config"]]
     assert (info["source_lang"], info["target_lang"], info["task"], info["device"]) == ("de", "en", "translation", "cpu")
     assert info["defaults"]["beam"] == 4 and info["defaults"]["lenpen"] == 0.6 and info["defaults"]["max_len_b"] == 6
-    assert info["limits"]["max_beam"] == 16 and info["batching"]["max_queue"] == 1024
+    assert info["limits"]["max_beam"] == 16 and info["batching"]["max_queue"] == 1024 and info["shortlist"] is None
     assert any(x.startswith("nmtkit serve: ready: de->en (translation)") for x in logs)
 
 
