@@ -17,8 +17,11 @@
 #               layers, Bergamot's tiny11 shape) on the distilled text, validated on the real
 #               validation pairs
 #   average     the student's last AVG_N checkpoints averaged
-#   evaluate    teacher and student, fp32 and int8 (--quantize int8 on CPU), on test_2016_flickr:
-#               sacreBLEU and sentences/s at batch 1 and at batch 128, one table on stdout
+#   shortlist   a lexical shortlist from the distilled pairs (nmtkit shortlist), for both models
+#               (they share the teacher's pieces)
+#   evaluate    teacher and student, fp32, int8 (--quantize int8 on CPU) and int8 with the shortlist,
+#               on test_2016_flickr: sacreBLEU and sentences/s at batch 1 and at batch 128, one table
+#               on stdout (an export teacher: without the shortlist rows)
 #
 # Options:
 #   --smoke     CI-sized run of the same pipeline: the quickstart's --smoke model as teacher, its
@@ -85,9 +88,10 @@ RAW=$WORK/raw
 DATA_BIN=$WORK/data
 CKPT_DIR=$WORK/checkpoints
 AVG_CKPT=$CKPT_DIR/average_last$AVG_N.pt
+SHORTLIST=$WORK/shortlist.txt
 RESULTS=$WORK/results
 STAMP_DIR=$WORK/stamps
-STAGES=(teacher distill data preprocess train average evaluate)
+STAGES=(teacher distill data preprocess train average shortlist evaluate)
 
 _is_export() { [ -f "$1/nmtkit.json" ]; }
 
@@ -176,7 +180,12 @@ stage_train() {
     STAGE_OUTPUTS+=("$CKPT_DIR/checkpoint_last.pt")
 }
 
-evaluate() {  # evaluate NAME QUANTIZE BATCH DATA_OR_EMPTY --path MODEL: RESULTS/NAME.{hyp,bleu,speed}
+stage_shortlist() {
+    nmtkit shortlist "$DATA_BIN" --output "$SHORTLIST"
+    STAGE_OUTPUTS+=("$SHORTLIST")
+}
+
+evaluate() {  # evaluate NAME QUANTIZE BATCH DATA_OR_EMPTY --path MODEL [--shortlist FILE]: RESULTS/NAME.{hyp,bleu,speed}
     local name=$1 quantize=$2 batch=$3
     shift 3
     gen_flags "$BEAM"
@@ -194,11 +203,13 @@ bleu_of() { sed -n 's/^BLEU = \([0-9.]*\) .*/\1/p' "$1"; }
 
 show_table() {
     local r=$RESULTS who q
-    echo "test_2016_flickr ($TEST_LINES lines), beam $BEAM: sacreBLEU, sentences/s of the search at batch 1 and 128"
-    printf '  %-34s %-6s %7s %10s %10s\n' model weights BLEU "batch 1" "batch 128"
+    echo "test_2016_flickr ($TEST_LINES lines), beam $BEAM: sacreBLEU, sentences/s of the search at batch 1 and 128" \
+        "(int8+sl: int8 with the lexical shortlist $SHORTLIST)"
+    printf '  %-34s %-8s %7s %10s %10s\n' model weights BLEU "batch 1" "batch 128"
     for who in teacher student; do
-        for q in fp32 int8; do
-            printf '  %-34s %-6s %7s %10s %10s\n' "$who$([ "$who" = student ] && echo " ($STUDENT_ARCH)")" "$q" \
+        for q in fp32 int8 int8+sl; do
+            [ -f "$r/$who.$q.b128.bleu" ] || continue
+            printf '  %-34s %-8s %7s %10s %10s\n' "$who$([ "$who" = student ] && echo " ($STUDENT_ARCH)")" "$q" \
                 "$(bleu_of "$r/$who.$q.b128.bleu")" "$(cat "$r/$who.$q.b1.speed")" "$(cat "$r/$who.$q.b128.speed")"
         done
     done
@@ -220,6 +231,12 @@ stage_evaluate() {
             evaluate "teacher.$q.b$b" "$tq" "$b" "${TEACHER_FLAGS[@]}"
             evaluate "student.$q.b$b" "$([ $q = int8 ] && echo int8 || echo none)" "$b" "$DATA_BIN" --path "$AVG_CKPT"
         done
+    done
+    for b in 1 128; do
+        if ! _is_export "${TEACHER%%:*}"; then
+            evaluate "teacher.int8+sl.b$b" int8 "$b" "${TEACHER_FLAGS[@]}" --shortlist "$SHORTLIST"
+        fi
+        evaluate "student.int8+sl.b$b" int8 "$b" "$DATA_BIN" --path "$AVG_CKPT" --shortlist "$SHORTLIST"
     done
     show_table
 }
@@ -243,10 +260,12 @@ K_PREPROCESS=$(key preprocess "$K_DATA")
 K_TRAIN=$(key train "$K_PREPROCESS" "$STUDENT_ARCH" "$LR" "$WARMUP" "$MAX_TOKENS" "$MAX_UPDATE" \
     "$SAVE_INTERVAL_UPDATES" "$SEED")
 K_AVERAGE=$(key average "$K_TRAIN" "$AVG_N")
-K_EVALUATE=$(key evaluate "$K_AVERAGE" "$BEAM" "$LENPEN")
+K_SHORTLIST=$(key shortlist "$K_PREPROCESS")
+K_EVALUATE=$(key evaluate "$K_AVERAGE" "$K_SHORTLIST" "$BEAM" "$LENPEN")
 run_stage distill "$K_DISTILL" stage_distill
 run_stage data "$K_DATA" stage_data
 run_stage preprocess "$K_PREPROCESS" stage_preprocess
 run_stage train "$K_TRAIN" stage_train
 run_stage average "$K_AVERAGE" stage_average
+run_stage shortlist "$K_SHORTLIST" stage_shortlist
 run_stage evaluate "$K_EVALUATE" stage_evaluate show_table

@@ -455,7 +455,7 @@ def test_multilingual_refuses_bad_settings(tmp_path):
     assert not (tmp_path / "w").exists()  # refused before writing anything
 
 
-DISTILL_ROW = re.compile(r"^  (teacher|student \(transformer_tiny\)) +(fp32|int8) +(\d+\.\d\d) +([\d.]+) +([\d.]+)$", re.M)
+DISTILL_ROW = re.compile(r"^  (teacher|student \(transformer_tiny\)) +(fp32|int8|int8\+sl) +(\d+\.\d\d) +([\d.]+) +([\d.]+)$", re.M)
 
 
 def test_distill_smoke(tmp_path, quickstart_smoke):
@@ -471,7 +471,8 @@ def test_distill_smoke(tmp_path, quickstart_smoke):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = DISTILL_ROW.findall(r.stdout)
     assert [(w.split(" ")[0], q) for w, q, *_ in rows] == [
-        ("teacher", "fp32"), ("teacher", "int8"), ("student", "fp32"), ("student", "int8")], r.stdout
+        ("teacher", "fp32"), ("teacher", "int8"), ("teacher", "int8+sl"),
+        ("student", "fp32"), ("student", "int8"), ("student", "int8+sl")], r.stdout
     assert all(float(b1) > 0 and float(b128) > 0 for *_, b1, b128 in rows), rows
     # the student learned from the teacher's translations: its training targets are them, line for line
     distilled = _hyps(work / "raw" / "distilled.en")
@@ -486,5 +487,6 @@ def test_distill_smoke(tmp_path, quickstart_smoke):
     student = ck.load_checkpoint(work / "checkpoints" / "average_last2.pt")
     assert student["dictionaries"] == teacher["dictionaries"] and student["arch"] == "transformer_tiny"
     r2 = _run(["bash", "recipes/distill.sh", "--smoke"], env)
-    assert r2.returncode == 0 and r2.stderr.count("up to date") == 7, r2.stderr[-3000:]
+    assert r2.returncode == 0 and r2.stderr.count("up to date") == 8, r2.stderr[-3000:]
+    assert (work / "shortlist.txt").read_text(encoding="utf-8").startswith("\t")  # the always-list first
     assert DISTILL_ROW.findall(r2.stdout) == rows
