@@ -31,12 +31,13 @@ def _linear(n_in: int, n_out: int, bias: bool, seed: int) -> nn.Linear:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_int8_linear_equals_the_formula(bias):
+@pytest.mark.parametrize("emulate", [False, True], ids=["int_mm", "fp32-product"])
+def test_int8_linear_equals_the_formula(bias, emulate):
     lin = _linear(24, 10, bias, 0)
     x = torch.randn(3, 5, 24)
     x[0, 0] *= 50.0  # one loud token: per-row input scales keep the others precise
     x[1, 2] = 0.0  # an all-zero row
-    got = Int8Linear(lin.weight, lin.bias)(x)
+    got = Int8Linear(lin.weight, lin.bias, emulate=emulate)(x)
     # reference in float64: symmetric int8 per output row of W and per row of x
     w = lin.weight.double()
     sw = w.abs().amax(1) / 127
@@ -55,10 +56,35 @@ def test_int8_linear_equals_the_formula(bias):
     assert (got - exact).abs().max() <= 0.03 * exact.abs().max()
 
 
+def test_the_two_int8_products_give_the_same_numbers():
+    """torch._int_mm and the fp32 product of the same integers (an AVX2 CPU's kernel) agree
+    exactly while sums stay below 2^24: K = 1024 with every input and weight at +-127."""
+    lin = _linear(1024, 40, True, 2)
+    with torch.no_grad():
+        lin.weight[0] = lin.weight[0].abs()  # one row of the worst case: all products +127 * +127
+    x = torch.randn(9, 1024)
+    x[0] = 1.0
+    a, b = Int8Linear(lin.weight, lin.bias, emulate=False), Int8Linear(lin.weight, lin.bias, emulate=True)
+    with torch.inference_mode():
+        assert torch.equal(a(x), b(x))
+        ids = torch.tensor([0, 3, 39])
+        assert torch.equal(a.rows(ids)(x), b.rows(ids)(x)) and b.rows(ids).emulated
+
+
+def test_the_int8_kernel_follows_the_cpu(monkeypatch):
+    from nmtkit.models import quantize
+
+    lin = _linear(8, 4, False, 3)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not quantize.fast_int8_product() and Int8Linear(lin.weight, None).emulated
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert quantize.fast_int8_product() and not Int8Linear(lin.weight, None).emulated
+
+
 def test_int8_and_packed_rows_do_not_depend_on_the_batch():
     lin = _linear(32, 48, True, 1)
     x = torch.randn(37, 32)
-    layers = [Int8Linear(lin.weight, lin.bias)]
+    layers = [Int8Linear(lin.weight, lin.bias, emulate=False), Int8Linear(lin.weight, lin.bias, emulate=True)]
     if packing_available():
         layers.append(PackedLinear(lin.weight, lin.bias))
     with torch.inference_mode():

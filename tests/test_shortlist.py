@@ -15,7 +15,7 @@ from conftest import shared_file, word_mapping_data_dir
 
 from nmtkit.data import shortlist as sl
 from nmtkit.data.dictionary import Dictionary
-from nmtkit.data.manifest import load_dictionaries
+from nmtkit.data.manifest import load_dictionaries, load_manifest
 from nmtkit.errors import UserError
 
 
@@ -229,6 +229,8 @@ NGRAM_FILE = ("\tthe a\n"
               "haus ist klein\tsmall\n"
               "ist klein\tsmall big\n"
               "ein\ta\n")
+NGRAM_RULES = {tuple(k.split(" ")) if k else (): v.split(" ") for k, v in
+               (line.split("\t") for line in NGRAM_FILE.splitlines())}
 
 
 def brute_force(rules: dict[tuple[str, ...], list[str]], sentences: list[list[str]], extra=()) -> list[int]:
@@ -247,8 +249,7 @@ def test_candidates_are_the_union_over_every_ngram(tmp_path):
     p.write_text(NGRAM_FILE, encoding="utf-8")
     short = sl.Shortlist.load(p, SRC, TGT)
     assert (len(short), short.max_ngram) == (7, 3)
-    rules = {tuple(k.split(" ")) if k else (): v.split(" ") for k, v in
-             (line.split("\t") for line in NGRAM_FILE.splitlines())}
+    rules = NGRAM_RULES
     rng = np.random.default_rng(3)
     words = [w for w in SRC.symbols[4:]]
     for _ in range(200):
@@ -259,6 +260,18 @@ def test_candidates_are_the_union_over_every_ngram(tmp_path):
     got = short.candidates([SRC.encode("das haus ist klein".split())])
     assert [TGT[i] for i in got] == ["<pad>", "<s>", "</s>", "<unk>", "the", "house", "a", "small", "big"]
     assert short.candidates([]).tolist() == [0, 1, 2, 3, TGT.index("the"), TGT.index("a")]
+
+
+def test_a_key_as_long_as_its_sentence_is_found(tmp_path):
+    """A key that spans its whole sentence is the sentence's only window of that length: `ist
+    klein` alone gets the 2-gram's `small big`, which no unigram lists."""
+    p = tmp_path / "vmap.txt"
+    p.write_text(NGRAM_FILE, encoding="utf-8")
+    short = sl.Shortlist.load(p, SRC, TGT)
+    for key in filter(None, NGRAM_RULES):
+        assert short.candidates([SRC.encode(list(key))]).tolist() == brute_force(NGRAM_RULES, [list(key)]), key
+    got = short.candidates([SRC.encode(["ist", "klein"])])
+    assert [TGT[i] for i in got] == ["<pad>", "<s>", "</s>", "<unk>", "the", "a", "small", "big"]
 
 
 def test_candidates_refuse_ids_outside_the_dictionaries(tmp_path):
@@ -369,6 +382,21 @@ def test_the_command_writes_elsewhere_and_refuses_bad_flags_and_outputs(data_dir
         assert r.code == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in r.err, (args, r)
     r = run_cli("shortlist", tmp_path / "nowhere")
     assert r.code == 2 and "data directory not found" in r.err and "Traceback" not in r.err
+
+
+def test_the_command_writes_the_builders_rules_for_its_flags(data_dir, run_cli, tmp_path):
+    """The file is `build`'s rules for every flag given, --iterations among them: one EM round
+    ranks the targets of several pieces otherwise than five do on this corpus."""
+    src, tgt = load_dictionaries(data_dir)
+    rows = sl.training_rows(data_dir, load_manifest(data_dir))
+    out, want = tmp_path / "sl.txt", tmp_path / "want.txt"
+    r = run_cli("shortlist", data_dir, "-o", out, "--iterations", "1", "--best", "3", "--frequent", "2",
+                "--no-identity")
+    assert r.code == 0, r
+    sl.write(want, sl.build(*rows, src, tgt, best=3, frequent=2, iterations=1, identity=False))
+    assert out.read_text("utf-8") == want.read_text("utf-8")
+    sl.write(want, sl.build(*rows, src, tgt, best=3, frequent=2, iterations=sl.ITERATIONS, identity=False))
+    assert out.read_text("utf-8") != want.read_text("utf-8")  # the rounds matter here
 
 
 def test_the_command_refuses_an_output_in_an_export_directory(data_dir, run_cli, tmp_path):
