@@ -163,6 +163,14 @@ def test_packed_rows_equal_the_full_layers_columns():
     x = torch.randn(20, 24)
     packed = PackedLinear(lin.weight, lin.bias, keep_source=True)
     torch.testing.assert_close(packed.rows(ids)(x), lin(x)[:, ids], rtol=1e-5, atol=1e-5)
+    # a count of rows above 16 is packed with zero rows up to its bucket (one oneDNN kernel per
+    # bucket, not per count): the real columns only come out
+    more = torch.arange(2, 23)  # 21 rows -> a bucket of 24
+    got = packed.rows(more)(x)
+    assert got.shape == (20, 21)
+    torch.testing.assert_close(got, lin(x)[:, more], rtol=1e-5, atol=1e-5)
+    int8 = Int8Linear(lin.weight, lin.bias, emulate=True)
+    assert torch.equal(int8.rows(more)(x), int8(x)[:, more])
     with pytest.raises(ValueError):
         PackedLinear(lin.weight, lin.bias).rows(ids)
 

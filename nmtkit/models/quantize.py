@@ -66,11 +66,12 @@ class Int8Linear(nn.Module):
         self.emulated = (not fast_int8_product()) if emulate is None else emulate
         self.product = self._float_product() if self.emulated else None  # the integers in fp32
 
-    def _float_product(self):
-        """x (M, K) -> x W_int8^T (M, N) in fp32: the prepacked kernel where there is one."""
+    def _float_product(self, bucket: bool = False):
+        """x (M, K) -> x W_int8^T (M, N) in fp32: the prepacked kernel where there is one (with
+        `bucket`, its weight padded to a bucket of rows: `first_columns`)."""
         wf = self.weight_int8.float()  # (N, K), exact integers
         if packing_available():
-            return PackedLinear(wf, None)
+            return first_columns(wf, None) if bucket else PackedLinear(wf, None)
         return lambda x: x @ wf.t()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -102,7 +103,7 @@ class Int8Linear(nn.Module):
         out.register_buffer("weight_scale", self.weight_scale.index_select(0, ids))  # (C,)
         out.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, ids))
         out.emulated = self.emulated
-        out.product = out._float_product() if out.emulated else None
+        out.product = out._float_product(bucket=True) if out.emulated else None
         return out
 
     def extra_repr(self) -> str:
@@ -161,10 +162,39 @@ class PackedLinear(nn.Module):
         if self.source is None:
             raise ValueError("this packed layer did not keep its fp32 weight (keep_source=False)")
         bias = None if self.bias is None else self.bias.index_select(0, ids)
-        return PackedLinear(self.source.index_select(0, ids), bias)
+        return first_columns(self.source.index_select(0, ids), bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, oneDNN fp32"
+
+
+class FirstColumns(nn.Module):
+    """A prepacked product whose weight has zero rows added up to a bucket size: its first
+    `n` outputs, the product of the real rows."""
+
+    def __init__(self, product: PackedLinear, n: int):
+        super().__init__()
+        self.product, self.n = product, n
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.product(x)[..., : self.n]
+
+
+def first_columns(weight: Tensor, bias: Tensor | None) -> nn.Module:
+    """`PackedLinear(weight, bias)` for a weight of a varying number of rows (a shortlist's
+    candidates, a new count per batch): packed with zero rows up to `padded_rows`' bucket.
+
+    Why: oneDNN builds and keeps a kernel per weight shape, and a shortlist gives each batch its
+    own count; at batch 1 a thousand sentences made hundreds of shapes and grew the process by
+    120 MiB. Rows do not interact in a product, so the added ones change no real output.
+    """
+    n, k = weight.shape
+    width = padded_rows(n)
+    if width == n:
+        return PackedLinear(weight, bias)
+    weight = torch.cat([weight, weight.new_zeros(width - n, k)])  # (width, K)
+    bias = None if bias is None else torch.cat([bias, bias.new_zeros(width - n)])
+    return FirstColumns(PackedLinear(weight, bias), n)
 
 
 def packing_available() -> bool:
