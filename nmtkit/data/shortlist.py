@@ -48,7 +48,7 @@ from nmtkit.io import atomic_write
 # frequent targets, and the 100 best per source word from fast_align's table) and CTranslate2's
 # vmap is usually built the same way; nmtkit's subword vocabularies are small (8k-32k pieces),
 # so fewer per source piece keep the candidate sets small. To be tuned by measurement.
-BEST = 10  # target pieces kept per source piece, by p(t|s) (docs/generate.md: chosen by measurement)
+BEST = 50  # target pieces kept per source piece, by p(t|s) (docs/generate.md: chosen by measurement)
 FREQUENT = 100  # most frequent target pieces, always candidates
 ITERATIONS = 5  # EM rounds of IBM Model 1
 # EM leaves a little mass on every target piece that ever shared a sentence with s; below this
