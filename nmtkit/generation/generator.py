@@ -118,8 +118,7 @@ class GenerateOptions:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.input is not None and self.gen_subset is not None:
             raise UserError("--input and --gen-subset exclude each other (raw text or a binarized split)")
-        for flag, path in (("--input", self.input), ("--reference", self.reference), ("--avoid", self.avoid),
-                           ("--prefix", self.prefix), ("--shortlist", self.shortlist)):
+        for flag, path in (("--avoid", self.avoid), ("--prefix", self.prefix), ("--shortlist", self.shortlist)):
             if path is not None and path != "-" and not Path(path).is_file():
                 raise UserError(f"{flag} {path}: not found" if not Path(path).exists() else f"{flag} {path}: not a file")
         for flag, v in (("--max-tokens", self.max_tokens), ("--batch-size", self.batch_size)):
@@ -224,6 +223,7 @@ def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Trans
     options = runtime_options(opts)
     search = with_seed(opts.search, opts.seed)
     prepared = source.engine.prepare(options, warn)
+    _check_input_paths(opts)
     _check_output_path(opts)
     tr = Translator.open(source, options, prepared=prepared, max_tokens=opts.max_tokens,
                          batch_size=opts.batch_size, warn=warn, search=search, shortlist=opts.shortlist)
@@ -231,6 +231,14 @@ def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Trans
     opts.check_langs(tr.manifest)
     tr.target_lang = opts.target_lang
     return tr
+
+
+def _check_input_paths(opts: GenerateOptions) -> None:
+    """--input and --reference exist and are files (or - for stdin): one line naming the flag,
+    before the model is loaded."""
+    for flag, path in (("--input", opts.input), ("--reference", opts.reference)):
+        if path is not None and path != "-" and not Path(path).is_file():
+            raise UserError(f"{flag} {path}: not found" if not Path(path).exists() else f"{flag} {path}: not a file")
 
 
 def _check_output_path(opts: GenerateOptions) -> None:
