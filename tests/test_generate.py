@@ -489,8 +489,8 @@ def test_outputs_are_written_in_input_order_as_soon_as_every_earlier_input_is_do
     whose every predecessor is already searched (or empty), the first write comes before the
     last batch is searched, and watching the writes changes nothing (the same batches on both
     runs: scores may differ in the last digit between batch compositions)."""
-    from nmtkit.generation import generator
     from nmtkit.generation.translator import Translator
+    from nmtkit.generation.writing import Writer
 
     data, ckpt, _, _ = setup
     whole = run_cli("generate", data, "--path", ckpt, "--format", fmt, *extra, "--batch-size", "1", *COMMON)
@@ -498,7 +498,7 @@ def test_outputs_are_written_in_input_order_as_soon_as_every_earlier_input_is_do
     searched: list[int] = []  # input indices, in the order the batches were searched
     writes: list[tuple[int, list[int]]] = []  # (batches searched so far, inputs written)
     batches_done = [0]
-    translate_batches, write = Translator.translate_batches, generator._write
+    translate_batches, write = Translator.translate_batches, Writer.write
 
     def counting(self, items, **kw):
         for batch, found in translate_batches(self, items, **kw):
@@ -506,13 +506,13 @@ def test_outputs_are_written_in_input_order_as_soon_as_every_earlier_input_is_do
             batches_done[0] += 1
             yield batch, found
 
-    def recording(fh, writer, stats, done):
+    def recording(writer, fh, done, stats):
         if done:
             writes.append((batches_done[0], [it.index for it, _, _ in done]))
-        write(fh, writer, stats, done)
+        write(writer, fh, done, stats)
 
     monkeypatch.setattr(Translator, "translate_batches", counting)
-    monkeypatch.setattr(generator, "_write", recording)
+    monkeypatch.setattr(Writer, "write", recording)
     r = run_cli("generate", data, "--path", ckpt, "--format", fmt, *extra, "--batch-size", "1", *COMMON)
     assert r.code == 0, r
     assert r.out == whole.out
@@ -528,14 +528,15 @@ def test_outputs_are_written_in_input_order_as_soon_as_every_earlier_input_is_do
 
 def test_an_empty_input_file_is_said_before_the_model_is_loaded(setup, run_cli, tmp_path, monkeypatch):
     from nmtkit.generation import generator
+    from nmtkit.generation.translator import Translator
 
     data, ckpt, _, _ = setup
     empty = tmp_path / "empty.de"
     empty.write_bytes(b"")
     order: list[str] = []
-    open_translator = generator.open_translator
+    real_open = Translator.open
     monkeypatch.setattr(generator, "print_note", lambda note: note and order.append(note))
-    monkeypatch.setattr(generator, "open_translator", lambda *a: order.append("open") or open_translator(*a))
+    monkeypatch.setattr(Translator, "open", lambda *a, **k: order.append("open") or real_open(*a, **k))
     r = run_cli("generate", data, "--path", ckpt, "--input", empty, *COMMON)
     assert r.code == 0 and r.out == "", r
     assert order[0] == f"--input {empty} is empty: 0 sentences to translate (the model is still loaded and checked)"

@@ -248,7 +248,7 @@ import re  # noqa: E402
 from hypothesis import event, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from nmtkit.generation.inputs import InputSpec, term_items  # noqa: E402
+from nmtkit.generation.inputs import InputSpec, text_items  # noqa: E402
 from nmtkit.generation.terms import split_line  # noqa: E402
 from tests.test_generate import DE, EN  # noqa: E402
 
@@ -339,7 +339,7 @@ def term_inputs(draw) -> tuple[TermFile, str | None, TermFile | None, TermFile |
 
 
 def expected_items(tr, files: dict, spec: InputSpec) -> tuple[list, str | None]:
-    """What term_items must give of `files` ({"in": TermFile, "avoid": ..., "prefix": ...}):
+    """What text_items must give of `files` ({"in": TermFile, "avoid": ..., "prefix": ...}):
     (source, terms) per sentence, then the message that stops it (or None). Each sentence's
     phrases are those of its lines, checked by `Translator.terms` itself."""
     out: list = []
@@ -400,7 +400,7 @@ def test_generate_terms_files_give_each_line_its_phrases_or_one_line_naming_file
     want, error = expected_items(tr, files, spec)
     got = []
     try:
-        for it in term_items(spec, tr, tr.truncations(spec.line_name, spec.name)):
+        for it in text_items(spec, tr, tr.truncations(spec.line_name, spec.name)):
             got.append((it.text, it.terms))
     except UserError as e:
         msg = str(e)

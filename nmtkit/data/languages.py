@@ -101,3 +101,20 @@ def check_direction(manifest: dict, src: str | None, tgt: str | None, where: str
     if src is not None and src == tgt:
         raise UserError(f"{where}: source and target language are both {src!r}")
     return src, tgt
+
+
+def check_lang_flags(manifest: dict, source_lang: str | None, target_lang: str | None, split: bool) -> None:
+    """--source-lang / --target-lang against the model's languages (its manifest): required on
+    a multilingual model (the target always, the source too for a binarized `split`), else its
+    own pair or nothing."""
+    if multilingual(manifest) is not None:
+        check_direction(manifest, source_lang, target_lang, "--target-lang")
+        if split and source_lang is None:
+            raise UserError("--source-lang: a binarized split of a multilingual data directory is one direction; "
+                            f"give --source-lang and --target-lang ({', '.join(manifest['multilingual']['langs'])})")
+        return
+    for flag, given, own in (("--source-lang", source_lang, manifest["source_lang"]),
+                             ("--target-lang", target_lang, manifest["target_lang"])):
+        if given is not None and given != own:
+            raise UserError(f"{flag} {given}: the model translates {manifest['source_lang']} into "
+                            f"{manifest['target_lang']} only")

@@ -53,15 +53,18 @@ def pair_score(token_lp: Sequence[float], lenpen: float, form: str) -> PairScore
 # alignments
 
 
-def hard_alignment(attn: np.ndarray, n_src: int, n_tgt: int) -> list[tuple[int, int]]:
+def hard_alignment(attn: np.ndarray, n_src: int, n_tgt: int, lead: int = 0) -> list[tuple[int, int]]:
     """(source, target) pairs, one per target token: the source token it attends to most.
 
     attn: (>= n_tgt, >= n_src) head-averaged cross-attention of one hypothesis; the </s> row and
-    column and any padding are left out, as fairseq's `extract_hard_alignment` does.
+    column and any padding are left out, as fairseq's `extract_hard_alignment` does. `lead`: ids
+    before the sentence's own among the `n_src` (a multilingual model's language tag), neither
+    aligned to nor counted, so that source positions are those of the sentence's pieces.
     """
-    if n_tgt == 0 or n_src == 0:
+    n_src -= lead
+    if n_tgt == 0 or n_src <= 0:
         return []
-    a = np.asarray(attn)[:n_tgt, :n_src]
+    a = np.asarray(attn)[:n_tgt, lead:lead + n_src]
     return [(int(s), t) for t, s in enumerate(a.argmax(axis=1).tolist())]
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
 
 from nmtkit.backends.registry import ModelSource
+from nmtkit.data.languages import check_lang_flags
 from nmtkit.errors import UserError
 from nmtkit.generation.inputs import InputSpec, read_inputs
 from nmtkit.generation.items import Item, warn_stderr
@@ -45,9 +46,9 @@ from nmtkit.generation.model_flags import (
     with_seed,
 )
 from nmtkit.generation.translator import Translator
-from nmtkit.generation.writing import FORMATS, GenerateStats, InOrder, Progress, Writer, output_text
+from nmtkit.generation.writing import FORMATS, GenerateStats, Progress, Writer, output_text
 from nmtkit.io import output_stream, read_lines
-from nmtkit.search.config import SearchConfig
+from nmtkit.search.config import Hypothesis, SearchConfig
 from nmtkit.settings import group, negate, setting
 
 
@@ -110,10 +111,20 @@ class GenerateOptions:
 
     def validate(self) -> None:
         """UserError naming the flag for every impossible setting (the search's own are
-        SearchConfig's, checked when it is made)."""
+        SearchConfig's, checked when it is made): the model's (`check_model_options`) and what an
+        export directory cannot do for generate first (it has no binarized splits, and its engine
+        may not teacher-force), then the flags' own rules."""
         export = check_model_options(self)
-        if export is not None:
-            self._validate_export(export, self.source.engine)
+        if export is not None and self.input is None:
+            what = f"--gen-subset {self.gen_subset}" if self.gen_subset else "a binarized split"
+            raise UserError(f"--path {export} is an export directory, which translates raw text: give --input FILE "
+                            f"(or - for stdin); {what} needs the checkpoint and its data directory")
+        engine = self.source.engine
+        for flag, given in (("--print-alignment", self.print_alignment is not None),
+                            ("--score-reference", self.score_reference)):
+            if given and not engine.teacher_forcing:
+                raise UserError(f"{flag}: {export} is run by {engine.display}, which nmtkit does not read attention "
+                                "or forced scores from; use the checkpoint and its data directory")
         if self.format not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.input is not None and self.gen_subset is not None:
@@ -128,23 +139,6 @@ class GenerateOptions:
             raise UserError(f"--buffer-size must be >= 1, got {self.buffer_size}")
         self._validate_inspection()
         self._validate_terms()
-
-    def check_langs(self, m: dict) -> None:
-        """--source-lang / --target-lang against the model's languages (its manifest `m`): required
-        on a multilingual model (the target always, the source for a binarized split), else its
-        own pair or nothing."""
-        from nmtkit.data.languages import check_direction, multilingual
-
-        if multilingual(m) is not None:
-            check_direction(m, self.source_lang, self.target_lang, "--target-lang")
-            if self.input is None and self.source_lang is None:
-                raise UserError("--source-lang: a binarized split of a multilingual data directory is one direction; "
-                                f"give --source-lang and --target-lang ({', '.join(m['multilingual']['langs'])})")
-            return
-        for flag, given, own in (("--source-lang", self.source_lang, m["source_lang"]),
-                                 ("--target-lang", self.target_lang, m["target_lang"])):
-            if given is not None and given != own:
-                raise UserError(f"{flag} {given}: the model translates {m['source_lang']} into {m['target_lang']} only")
 
     def _validate_terms(self) -> None:
         """The rules of --constraints, --avoid and --prefix: raw text translated by a search."""
@@ -191,54 +185,46 @@ class GenerateOptions:
             if self.search.sampling:
                 raise UserError("--sampling applies to the search, not to --score-reference")
 
-    def _validate_export(self, export: str, engine) -> None:
-        """What an export directory cannot do for generate, refused naming the flag: it has no
-        binarized splits, and its engine may not teacher-force (the rest is `check_model_options`)."""
-        if self.input is None:
-            what = f"--gen-subset {self.gen_subset}" if self.gen_subset else "a binarized split"
-            raise UserError(f"--path {export} is an export directory, which translates raw text: give --input FILE "
-                            f"(or - for stdin); {what} needs the checkpoint and its data directory")
-        for flag, given in (("--print-alignment", self.print_alignment is not None),
-                            ("--score-reference", self.score_reference)):
-            if given and not engine.teacher_forcing:
-                raise UserError(f"{flag}: {export} is run by {engine.display}, which nmtkit does not read attention "
-                                "or forced scores from; use the checkpoint and its data directory")
-
-    def input_spec(self) -> InputSpec:
-        """What to read: --input's raw text (with --reference or the terminology flags), or the
-        binarized split (--gen-subset, test by default)."""
-        split = None if self.input is not None else (self.gen_subset or "test")
-        return InputSpec(self.input, split, self.data_dir, self.score_reference, self.reference,
-                         self.constraints, self.avoid, self.prefix, self.source_lang, self.target_lang)
-
 
 # ---------------------------------------------------------------------------------------------
 # the model
 
 
 def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Translator:
-    """The flags' model through the one opener: the engine's device checked before --output (a
-    bad device is reported first), then the model loaded with the search flags as defaults."""
-    source = model_source(opts)
-    options = runtime_options(opts)
+    """The flags' model through the one opener: the engine's device checked first (a bad device
+    is reported before any file), then the files the flags name and the direction asked for
+    (`_check_files`), the notes said, and the model loaded with the search flags as defaults."""
+    source, options = model_source(opts), runtime_options(opts)
     search = with_seed(opts.search, opts.seed)
     prepared = source.engine.prepare(options, warn)
-    _check_input_paths(opts)
-    _check_output_path(opts)
+    print_note(_check_files(opts))
+    print_note(opts.engine_note)
     tr = Translator.open(source, options, prepared=prepared, max_tokens=opts.max_tokens,
                          batch_size=opts.batch_size, warn=warn, search=search, shortlist=opts.shortlist)
     tr.positional_scores = opts.format == "fairseq"  # its P- lines
-    opts.check_langs(tr.manifest)
     tr.target_lang = opts.target_lang
     return tr
 
 
-def _check_input_paths(opts: GenerateOptions) -> None:
-    """--input and --reference exist and are files (or - for stdin): one line naming the flag,
-    before the model is loaded."""
+def _check_files(opts: GenerateOptions) -> str | None:
+    """Before the model is loaded, each in one line naming its flag: --input and --reference
+    exist and are files (or - for stdin); --output is none of them (`_check_output_path`);
+    --source-lang and --target-lang are the model's (`check_lang_flags`). Returns the note for
+    an --input file without a single line (loading the model can take seconds); stdin is left
+    to the reading itself."""
     for flag, path in (("--input", opts.input), ("--reference", opts.reference)):
         if path is not None and path != "-" and not Path(path).is_file():
             raise UserError(f"{flag} {path}: not found" if not Path(path).exists() else f"{flag} {path}: not a file")
+    _check_output_path(opts)
+    check_lang_flags(opts.source.manifest, opts.source_lang, opts.target_lang, split=opts.input is None)
+    if opts.input is None or opts.input == "-":
+        return None
+    lines = read_lines(opts.input)
+    try:
+        empty = next(lines, None) is None
+    finally:
+        lines.close()
+    return f"--input {opts.input} is empty: 0 sentences to translate (the model is still loaded and checked)" if empty else None
 
 
 def _check_output_path(opts: GenerateOptions) -> None:
@@ -258,6 +244,8 @@ def _check_output_path(opts: GenerateOptions) -> None:
 
 
 def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    """The items in lists of `size` (the last may be shorter), each handed out before the next
+    item is read: endless stdin is translated as it comes."""
     buf: list[Item] = []
     for it in items:
         buf.append(it)
@@ -282,6 +270,41 @@ def _alignment_layer(opts: GenerateOptions, tr: Translator) -> int | None:
     return -1 if opts.alignment_layer is None else opts.alignment_layer - 1
 
 
+class InOrder:
+    """Hands back a chunk's inputs in input order as their results arrive.
+
+    The search runs a chunk in batches sorted by length, so results come out of order; an input
+    is released once it and every input before it have their results. `generate` writes what is
+    released at once, so that `nmtkit generate ... | head` sees its first lines as soon as they
+    are known rather than after the whole chunk, and the output order never changes.
+    """
+
+    def __init__(self, chunk: list[Item]):
+        self.chunk = chunk
+        self.position = {it.index: k for k, it in enumerate(chunk)}
+        self.done: list[tuple[list[Hypothesis], list | None] | None] = [None] * len(chunk)
+        self.next = 0  # the first input not yet released
+
+    def add(self, results: dict[int, list[Hypothesis]], aligns: dict[int, list]) -> list[tuple[Item, list, list | None]]:
+        """Record these results ({index: hypotheses}, {index: alignments}); -> the inputs now released."""
+        for index, hyps in results.items():
+            self.done[self.position[index]] = (hyps, aligns.get(index))
+        return self._release()
+
+    def rest(self) -> list[tuple[Item, list, list | None]]:
+        """The end of the chunk: every input not yet released, those without results with none."""
+        self.done = [d if d is not None else ([], None) for d in self.done]
+        return self._release()
+
+    def _release(self) -> list[tuple[Item, list, list | None]]:
+        out = []
+        while self.next < len(self.chunk) and self.done[self.next] is not None:
+            hyps, aligns = self.done[self.next]
+            out.append((self.chunk[self.next], hyps, aligns))
+            self.next += 1
+        return out
+
+
 @dataclass(frozen=True)
 class ChunkWork:
     """What is done with each chunk, decided once: a search, or forced decoding of the given
@@ -293,43 +316,37 @@ class ChunkWork:
     layer: int | None
     words: bool
 
-    def run_chunk(self, chunk: list[Item], progress: Progress, stats: GenerateStats) -> Iterator[tuple[dict, dict]]:
-        """({index: hypotheses}, {index: alignments}) of one chunk, piece by piece as they are
-        known: the empty inputs first (no model call), then each searched batch; scoring gives the
-        whole chunk at once. The time of the search or scoring alone is the summary's decode time."""
+    def released(self, chunk: list[Item], progress: Progress, stats: GenerateStats
+                 ) -> Iterator[list[tuple[Item, list, list | None]]]:
+        """The chunk's inputs with their hypotheses and alignments, in input order, as soon as
+        each and every one before it is done (`InOrder`); the last list holds the rest. The bar
+        advances as each batch is done."""
+        ordered = InOrder(chunk)
+        for results, aligns in self.run_chunk(chunk, stats):
+            progress.advance(len(results))
+            yield ordered.add(results, aligns)
+        yield ordered.rest()
+
+    def run_chunk(self, chunk: list[Item], stats: GenerateStats) -> Iterator[tuple[dict, dict]]:
+        """({index: hypotheses}, {index: alignments}) of one chunk, batch by batch as each is
+        known: the empty inputs first when searching (no model call), then each searched or
+        scored batch. The time of the search or scoring alone is the summary's decode time."""
         tr = self.tr
         if self.scoring:
-            td = time.perf_counter()
-            results, aligns = tr.score_items(chunk, alignment_layer=self.layer, on_batch=progress.advance)
-            stats.decode_seconds += time.perf_counter() - td
-            yield results, self._words(chunk, results, aligns)
-            return
-        # empty inputs need no model call
-        empty = {it.index: [] for it in chunk if len(it.ids) == 0}
-        progress.advance(len(empty))
-        yield empty, {}
-        batches = tr.translate_batches(chunk)
+            batches = tr.score_batches(chunk, alignment_layer=self.layer, words=self.words)
+        else:
+            yield {it.index: [] for it in chunk if len(it.ids) == 0}, {}
+            batches = ((batch, found, None) for batch, found in tr.translate_batches(chunk))
         while True:
             td = time.perf_counter()
-            batch, found = next(batches, (None, None))
+            batch, found, aligns = next(batches, (None, None, None))
             stats.decode_seconds += time.perf_counter() - td
             if batch is None:
                 return
-            progress.advance(len(batch))
             results = {it.index: hyps for it, hyps in zip(batch, found)}
-            aligns = tr.align_items(batch, results, self.layer) if self.layer is not None else {}
-            yield results, self._words(batch, results, aligns)
-
-    def _words(self, items: list[Item], results: dict, aligns: dict) -> dict:
-        """--print-alignment words: the subword alignments turned into pairs of words."""
-        if not self.words:
-            return aligns
-        tr = self.tr
-        for it in items:
-            if it.index in aligns:
-                hyps = results.get(it.index, [])
-                aligns[it.index] = [tr.word_alignment(it, h.tokens, a) for h, a in zip(hyps, aligns[it.index])]
-        return aligns
+            if aligns is None:  # searched: the alignments of its hypotheses, by a teacher-forced pass
+                aligns = tr.align_items(batch, results, self.layer, self.words) if self.layer is not None else {}
+            yield results, aligns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,12 +357,11 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     """Translate `opts`' input with `opts.paths`' model(s); write to `out` (or opts.output)."""
     t_start = time.perf_counter()
     opts.validate()
-    warn = warn or warn_stderr
-    if _empty_input(opts.input):
-        print_note(f"--input {opts.input} is empty: 0 sentences to translate (the model is still loaded and checked)")
-    tr = open_translator(opts, warn)
-    print_note(opts.engine_note)
-    spec = opts.input_spec()
+    tr = open_translator(opts, warn or warn_stderr)
+    # what to read: --input's raw text (with --reference or the terms), or the binarized split
+    split = None if opts.input is not None else (opts.gen_subset or "test")
+    spec = InputSpec(opts.input, split, opts.data_dir, opts.score_reference, opts.reference,
+                     opts.constraints, opts.avoid, opts.prefix, opts.source_lang, opts.target_lang)
     inputs = read_inputs(spec, tr)
     work = ChunkWork(tr, opts.score_reference, _alignment_layer(opts, tr), opts.print_alignment == "words")
     # typing at a terminal: no bar drawn over the line being typed or before each answer
@@ -358,33 +374,9 @@ def generate(opts: GenerateOptions, out: IO[str] | None = None, warn: Callable[[
     stream = output_stream(opts.output) if out is None else contextlib.nullcontext(out)
     with stream as fh, progress:
         for chunk in chunks(inputs.items, opts.buffer_size):
-            ordered = InOrder(chunk)
-            for results, aligns in work.run_chunk(chunk, progress, stats):
-                _write(fh, writer, stats, ordered.add(results, aligns))
-            _write(fh, writer, stats, ordered.rest())
+            for done in work.released(chunk, progress, stats):
+                writer.write(fh, done, stats)
     inputs.truncations.summary()
     stats.truncated = inputs.truncations.count
     stats.total_seconds = time.perf_counter() - t_start
     return stats
-
-
-def _empty_input(path: str | None) -> bool:
-    """True for an --input file without a single line, said before the model is loaded (which
-    can take seconds); stdin and a missing file are left to the reading itself."""
-    if path is None or path == "-" or not Path(path).is_file():
-        return False
-    lines = read_lines(path)
-    try:
-        return next(lines, None) is None
-    finally:
-        lines.close()
-
-
-def _write(fh: IO[str], writer: Writer, stats: GenerateStats, done: list[tuple[Item, list, list | None]]) -> None:
-    """Write these inputs' lines (already in input order) and flush, so a pipe sees them now."""
-    if not done:
-        return
-    for it, hyps, aligns in done:
-        fh.write(writer.lines(it, hyps, aligns))
-        stats.count(hyps)
-    fh.flush()

@@ -12,7 +12,7 @@ endless stdin streams) and their truncation counter (the summary of over-long in
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -65,34 +65,25 @@ class Inputs(NamedTuple):
 
 def read_inputs(spec: InputSpec, tr: Translator) -> Inputs:
     """The items of `spec`'s raw text or binarized split, every check that needs no model run made."""
-    trunc = tr.truncations(spec.line_name, spec.name)
-    if spec.split is not None:
-        total, items, targets = split_items(tr, spec, trunc)
-        if spec.scoring and not targets:
-            raise UserError(f"--score-reference: split {spec.split!r} of {spec.data_dir} has no target side "
-                            f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
-        return Inputs(total, items, trunc)
+    trunc = Truncations(tr.warn, spec.line_name, spec.name, tr.max_source_tokens)
+    if spec.split is None:
+        return Inputs(*raw_items(spec, tr, trunc), trunc)
+    total, items, targets = split_items(tr, spec, trunc)
+    if spec.scoring and not targets:
+        raise UserError(f"--score-reference: split {spec.split!r} of {spec.data_dir} has no target side "
+                        f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
+    return Inputs(total, items, trunc)
+
+
+def raw_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tuple[int | None, Iterator[Item]]:
+    """(count, items) of the raw text: alone, with its --reference translations or with its terms.
+    The source subword model is loaded first: a missing one is reported before the input is read."""
     if spec.scoring:
-        return Inputs(*reference_items(spec, tr, trunc), trunc)
-    tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
-    total = None if spec.text == "-" else count_lines(spec.text)
+        return reference_items(spec, tr, trunc)
+    tr.src_subword  # noqa: B018 - load it now
     if spec.has_terms:
         tr.engine.require_terms()  # before any input is read or output written
-        return Inputs(total, term_items(spec, tr, trunc), trunc)
-    return Inputs(total, tr.items(warn_tabs(read_lines(spec.text), spec, tr.warn), trunc), trunc)
-
-
-def warn_tabs(lines: Iterator[str], spec: InputSpec, warn: Callable[[str], None]) -> Iterator[str]:
-    """The lines unchanged, with one warning at the first that holds a tab: a terminology file
-    (SOURCE<TAB>PHRASE...) given without --constraints would be translated whole, its phrases
-    as source text, without a word."""
-    warned = False
-    for i, line in enumerate(lines):
-        if not warned and "\t" in line:
-            warn(f"{spec.line_name(i)}: the line holds a tab and is translated whole, as source text; "
-                 "if the input is SOURCE<TAB>PHRASE... lines of terms, add --constraints")
-            warned = True
-        yield line
+    return (None if spec.text == "-" else count_lines(spec.text)), text_items(spec, tr, trunc)
 
 
 def split_items(tr: Translator, spec: InputSpec, trunc: Truncations) -> tuple[int, Iterator[Item], bool]:
@@ -135,6 +126,7 @@ def reference_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tupl
     if tr.task == "parsing":
         raise UserError("--reference: the targets of a parsing data directory are linearized trees; "
                         "score its binarized split (--score-reference without --input)")
+    tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
     source, reference, src_name = spec.text, spec.reference, spec.name
     src_lines = list(read_lines(source)) if source == "-" else None
     n_src = len(src_lines) if src_lines is not None else count_lines(source, exact=True)
@@ -142,8 +134,6 @@ def reference_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tupl
     if n_src != n_ref:
         raise UserError(f"--reference {reference} has {n_ref} lines but --input {src_name} has {n_src}; "
                         "they must be line-aligned pairs")
-    tr.src_subword  # noqa: B018 - load it now: a missing model is reported before the input is read
-    tag = tr.tag_id(None, "--target-lang")
 
     def gen(check: bool) -> Iterator[Item]:
         srcs = iter(src_lines) if src_lines is not None else read_lines(source)
@@ -157,30 +147,41 @@ def reference_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tupl
 
     for _ in gen(check=True):
         pass
+    tag = tr.tag_id(None, "--target-lang")  # gen's: a multilingual model's tag, or None
     return n_src, gen(check=False)
 
 
-def term_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> Iterator[Item]:
-    """Items of the raw text with their terms: tab-separated phrases after the source
-    (--constraints), the --avoid glossary, and the line's --prefix. A mistake names its file and line."""
-    where = spec.name
+def text_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> Iterator[Item]:
+    """Items of the raw text, with their terms when asked for: tab-separated phrases after the
+    source (--constraints), the --avoid glossary, and the line's --prefix. A mistake names its
+    file and line. Without terms, the first line that holds a tab is warned about: a terminology
+    file (SOURCE<TAB>PHRASE...) given without --constraints is translated whole, its phrases as
+    source text."""
+    where, terms = spec.name, spec.has_terms
     avoid = _glossary(spec.avoid) if spec.avoid else None
     prefixes = read_lines(spec.prefix) if spec.prefix else None
-    phrases: deque = deque()
+    phrases: deque = deque()  # each line's --constraints phrases, until its item is made
 
     def sources() -> Iterator[str]:
-        for line in read_lines(spec.text):
+        warned = terms
+        for i, line in enumerate(read_lines(spec.text)):
+            if not warned and "\t" in line:
+                tr.warn(f"{spec.line_name(i)}: the line holds a tab and is translated whole, as source text; "
+                        "if the input is SOURCE<TAB>PHRASE... lines of terms, add --constraints")
+                warned = True
             source, fields = split_line(line) if spec.constraints else (line, None)
-            phrases.append(fields or None)
+            if terms:
+                phrases.append(fields or None)
             yield source
 
     for it in tr.items(sources(), trunc):
-        pre = None
-        if prefixes is not None:
-            pre = next(prefixes, None)
-            if pre is None:
-                raise UserError(f"--prefix {spec.prefix} has {it.index} lines but --input {where} has more")
-        it.terms = tr.terms(phrases.popleft(), avoid, pre, spec.constraints == "ordered", f"{where}:{it.index + 1}")
+        if terms:
+            pre = None
+            if prefixes is not None:
+                pre = next(prefixes, None)
+                if pre is None:
+                    raise UserError(f"--prefix {spec.prefix} has {it.index} lines but --input {where} has more")
+            it.terms = tr.terms(phrases.popleft(), avoid, pre, spec.constraints == "ordered", f"{where}:{it.index + 1}")
         yield it
     if prefixes is not None and next(prefixes, None) is not None:
         raise UserError(f"--prefix {spec.prefix} has more lines than --input {where}")

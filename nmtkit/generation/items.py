@@ -37,15 +37,15 @@ class Item:
     lead: int = 0  # ids before the sentence's own: 1 for a multilingual model's language tag (`>>fr<<`)
 
 
+@dataclass
 class Truncations:
-    """Collects the over-long inputs; names the first MAX_WARNINGS of them as they happen.
+    """Collects the over-long inputs; names the first MAX_WARNINGS of them as they happen."""
 
-    `where(index)` names input `index` (0-based) for the user, e.g. `news.en:12`.
-    """
-
-    def __init__(self, warn: Callable[[str], None], where: Callable[[int], str], what: str, limit: int):
-        self.warn, self.where, self.what, self.limit = warn, where, what, limit
-        self.count = 0
+    warn: Callable[[str], None]
+    where: Callable[[int], str]  # names input `index` (0-based) for the user, e.g. `news.en:12`
+    what: str  # the whole input, in the summary: `news.en`, `split 'test'`
+    limit: int  # source tokens kept (without </s>)
+    count: int = 0  # inputs truncated so far
 
     def __call__(self, index: int, ids: np.ndarray) -> np.ndarray:
         if len(ids) <= self.limit:

@@ -98,13 +98,13 @@ def check_model_options(opts) -> str | None:
         raise UserError(f"--decoding must be one of {', '.join(DECODING_PRESETS)}, got {opts.decoding!r}")
     if not s.sampling and (s.topk or s.topp or s.temperature != 1.0):
         raise UserError("--topk, --topp and --temperature apply only with --sampling")
-    source = model_source(opts)
-    check_precision(opts.precision)
     if opts.threads < 0:
         raise UserError(f"--threads must be >= 0 (0 = torch's default), got {opts.threads}")
     if opts.quantize not in QUANTIZE_CHOICES:
         raise UserError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {opts.quantize!r}")
+    source = model_source(opts)
     check_quantize(source, opts.quantize)
+    check_precision(opts.precision)
     if opts.quantize != "none" and opts.precision != "fp32":
         raise UserError(f"--quantize {opts.quantize} works from fp32 weights; drop --precision {opts.precision}")
     return source.export

@@ -519,46 +519,59 @@ class Translator:
             raise UserError(f"{kind} attention layer {layer} (0-based) is out of range: the model has {n} layers")
         return layer
 
-    def score_items(self, items: Sequence[Item], *, alignment_layer: int | None = None,
+    def score_items(self, items: Sequence[Item], *, alignment_layer: int | None = None, words: bool = False,
                     on_batch: Callable[[int], None] | None = None
                     ) -> tuple[dict[int, list[Hypothesis]], dict[int, list[list[tuple[int, int]]]]]:
         """Score each item's `target_ids` given its source (forced decoding, batched).
 
         Returns ({index: [the target as a Hypothesis with the search's score]}, {index: [its
-        subword alignment]}, the second only with `alignment_layer` (0-based, -1 = last)). The
-        score is `logprob / lp(|Y|)` with this translator's lenpen and lenpen_form: a beam
-        hypothesis fed back gets the score the search reported (unk_penalty and the search's
-        length rules are not applied: this is the model's probability of the given text).
+        subword alignment]}, the second only with `alignment_layer` (0-based, -1 = last); with
+        `words`, pairs of words instead (`word_alignment`)). The score is `logprob / lp(|Y|)`
+        with this translator's lenpen and lenpen_form: a beam hypothesis fed back gets the score
+        the search reported (unk_penalty and the search's length rules are not applied: this is
+        the model's probability of the given text).
         """
+        scores: dict[int, list[Hypothesis]] = {}
+        aligns: dict[int, list[list[tuple[int, int]]]] = {}
+        for batch, found, batch_aligns in self.score_batches(items, alignment_layer=alignment_layer, words=words):
+            scores.update((it.index, hyps) for it, hyps in zip(batch, found))
+            aligns.update(batch_aligns)
+            if on_batch is not None:
+                on_batch(len(batch))
+        return scores, aligns
+
+    def score_batches(self, items: Sequence[Item], *, alignment_layer: int | None = None, words: bool = False
+                      ) -> Iterator[tuple[list[Item], list[list[Hypothesis]], dict[int, list[list[tuple[int, int]]]]]]:
+        """(batch, its scores, its alignments) for each batch of `score_items`, as each is scored
+        (the alignments {} without `alignment_layer`). Every check is made before the first pass."""
         self._needs_forced("scoring given translations")
         from nmtkit.generation import forced
 
         cfg = self.search_config()
         layer = None if alignment_layer is None else self._layer(alignment_layer)
-        scores: dict[int, list[Hypothesis]] = {}
-        aligns: dict[int, list[list[tuple[int, int]]]] = {}
         todo = [it for it in items if it.target_ids is not None]
         # make_batches leaves out empty sources (translation needs no model call for them);
         # scoring runs them too, as a source of </s> alone
         empty = [it for it in todo if len(it.ids) == 0]
-        batches = make_batches(todo, self.max_tokens, self.batch_size) + ([empty] if empty else [])
-        for batch in batches:
+        for batch in make_batches(todo, self.max_tokens, self.batch_size) + ([empty] if empty else []):
             targets = [[int(x) for x in it.target_ids] for it in batch]
             lp, attn = self.engine.forced_pass([it.ids for it in batch], targets, cross_layer=layer)
+            found, aligns = [], {}
             for r, (it, tgt) in enumerate(zip(batch, targets)):
                 if attn is not None:
-                    aligns[it.index] = [_alignment(attn[r], it, len(tgt))]
+                    aligns[it.index] = [forced.hard_alignment(attn[r], len(it.ids), len(tgt), it.lead)]
                 ps = forced.pair_score(lp[r, :len(tgt) + 1].tolist(), cfg.lenpen, cfg.lenpen_form)
-                scores[it.index] = [Hypothesis(tgt, ps.score, ps.logprob, ps.positional_scores)]
-            if on_batch is not None:
-                on_batch(len(batch))
-        return scores, aligns
+                found.append([Hypothesis(tgt, ps.score, ps.logprob, ps.positional_scores)])
+            yield batch, found, self._in_words(batch, dict(zip((it.index for it in batch), found)), aligns) if words else aligns
 
     def align_items(self, items: Sequence[Item], results: dict[int, list[Hypothesis]],
-                    layer: int = -1) -> dict[int, list[list[tuple[int, int]]]]:
+                    layer: int = -1, words: bool = False) -> dict[int, list[list[tuple[int, int]]]]:
         """Subword alignments (source, target) of each item's hypotheses (`translate_items`'s
         results), from the head-averaged cross-attention of decoder `layer` (0-based, -1 = the
-        last, as fairseq), averaged over an ensemble's models: one teacher-forced pass per batch."""
+        last, as fairseq), averaged over an ensemble's models: one teacher-forced pass per batch.
+        `words`: pairs of words instead (`word_alignment`)."""
+        from nmtkit.generation import forced
+
         self._needs_forced("alignments")
         layer = self._layer(layer)
         out: dict[int, list[list[tuple[int, int]]]] = {}
@@ -568,8 +581,17 @@ class Translator:
             _, attn = self.engine.forced_pass([it.ids for it, _ in rows], [h.tokens for _, h in rows],
                                               cross_layer=layer, want_scores=False)
             for r, (it, h) in enumerate(rows):
-                out.setdefault(it.index, []).append(_alignment(attn[r], it, len(h.tokens)))
-        return out
+                out.setdefault(it.index, []).append(forced.hard_alignment(attn[r], len(it.ids), len(h.tokens), it.lead))
+        return self._in_words(items, results, out) if words else out
+
+    def _in_words(self, items: Sequence[Item], results: dict[int, list[Hypothesis]],
+                  aligns: dict[int, list[list[tuple[int, int]]]]) -> dict[int, list[list[tuple[int, int]]]]:
+        """Each item's subword alignments turned into pairs of words (`word_alignment`)."""
+        for it in items:
+            if it.index in aligns:
+                hyps = results.get(it.index, [])
+                aligns[it.index] = [self.word_alignment(it, h.tokens, a) for h, a in zip(hyps, aligns[it.index])]
+        return aligns
 
     def source_pieces(self, item: Item) -> list[str]:
         """The item's source subword pieces as segmented (raw text), or its dictionary strings
@@ -686,11 +708,3 @@ class Translator:
         return (f"Translator({self.engine!r}, {self.src_lang}->{self.tgt_lang}, {self.task}, "
                 f"device={self.device}, beam={self.search.beam})")
 
-
-def _alignment(attn: np.ndarray, item: Item, n_tgt: int) -> list[tuple[int, int]]:
-    """The hard alignment of one hypothesis to the item's own tokens: a language tag before them
-    is neither aligned to nor counted, so source positions are those of the sentence's pieces."""
-    from nmtkit.generation import forced
-
-    lead = item.lead
-    return forced.hard_alignment(np.asarray(attn)[:, lead:], len(item.ids) - lead, n_tgt)

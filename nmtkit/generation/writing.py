@@ -63,6 +63,16 @@ class Writer:
         self.text_of = text_of  # (item, pieces) -> output text, instead of detok (parsing: a tree)
         self.score_reference, self.print_alignment = score_reference, print_alignment
 
+    def write(self, fh, done: list[tuple[Item, list[Hypothesis], list | None]], stats: GenerateStats) -> None:
+        """Write these inputs' lines (already in input order; `InOrder`), count them in `stats`,
+        and flush, so that a pipe sees them now."""
+        if not done:
+            return
+        for it, hyps, aligns in done:
+            fh.write(self.lines(it, hyps, aligns))
+            stats.count(hyps)
+        fh.flush()
+
     def _text(self, item: Item, pieces: list[str]) -> str:
         return self.detok(pieces) if self.text_of is None else self.text_of(item, pieces)
 
@@ -106,41 +116,6 @@ class Writer:
                 if self.print_alignment:
                     out.append(f"A-{i}\t{aligned[j] if j < len(aligned) else ''}")
         return "".join(line.replace("\n", " ") + "\n" for line in out)
-
-
-class InOrder:
-    """Hands back a chunk's inputs in input order as their results arrive.
-
-    The search runs a chunk in batches sorted by length, so results come out of order; an input
-    is released once it and every input before it have their results. `generate` writes what is
-    released at once, so that `nmtkit generate ... | head` sees its first lines as soon as they
-    are known rather than after the whole chunk, and the output order never changes.
-    """
-
-    def __init__(self, chunk: list[Item]):
-        self.chunk = chunk
-        self.position = {it.index: k for k, it in enumerate(chunk)}
-        self.done: list[tuple[list[Hypothesis], list | None] | None] = [None] * len(chunk)
-        self.next = 0  # the first input not yet released
-
-    def add(self, results: dict[int, list[Hypothesis]], aligns: dict[int, list]) -> list[tuple[Item, list, list | None]]:
-        """Record these results ({index: hypotheses}, {index: alignments}); -> the inputs now released."""
-        for index, hyps in results.items():
-            self.done[self.position[index]] = (hyps, aligns.get(index))
-        return self._release()
-
-    def rest(self) -> list[tuple[Item, list, list | None]]:
-        """The end of the chunk: every input not yet released, those without results with none."""
-        self.done = [d if d is not None else ([], None) for d in self.done]
-        return self._release()
-
-    def _release(self) -> list[tuple[Item, list, list | None]]:
-        out = []
-        while self.next < len(self.chunk) and self.done[self.next] is not None:
-            hyps, aligns = self.done[self.next]
-            out.append((self.chunk[self.next], hyps, aligns))
-            self.next += 1
-        return out
 
 
 # ---------------------------------------------------------------------------------------------

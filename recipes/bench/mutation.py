@@ -86,14 +86,15 @@ MODULES: dict[str, Module] = {
          "nmtkit/generation/model_flags.py", "nmtkit/backends/registry.py",
          "nmtkit/training/config.py", "nmtkit/settings.py", "nmtkit/serving/options.py",
          "nmtkit/backends/export.py", "nmtkit/scoring/files.py", "nmtkit/generation/inspection.py",
-         "nmtkit/data/preprocess.py", "nmtkit/device.py"),
+         "nmtkit/data/preprocess.py", "nmtkit/device.py", "nmtkit/data/languages.py"),
         # the configs' rules are checked directly by test_refusals.py (exact messages); test_search.py
         # and test_train.py (30 s a survivor) are left out: they reach these functions only on the way
         ("tests/test_refusals.py", "tests/test_search_rules.py", "tests/test_cli.py", "tests/test_flags.py",
          "tests/test_generate.py"),
         ("nmtkit.cli.x_main__*", "nmtkit.cli.x_error_line__*",
          "*.xǁGenerateOptionsǁvalidate__*", "*.xǁGenerateOptionsǁ_validate_inspection__*",
-         "*.xǁGenerateOptionsǁ_validate_export__*", "*.x_check_model_options__*", "*.x_describe__*",
+         "*.x__check_files__*", "nmtkit.data.languages.x_check_lang_flags__*", "*.x_check_model_options__*",
+         "*.x_describe__*",
          "*.x_check_quantize__*", "nmtkit.device.x_check_precision__*",
          "*.x__check_output_path__*", "*.xǁSearchConfigǁ__post_init____*", "*.x_check_lenpen__*",
          "*.xǁTrainConfigǁvalidate__*", "*.xǁTrainConfigǁ_validate_*__*", "*.xǁTrainConfigǁ_require_*__*", "nmtkit.settings.x_check_number__*", "nmtkit.settings.x_check_numbers__*",

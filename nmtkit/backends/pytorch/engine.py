@@ -111,8 +111,8 @@ class TorchEngine(Engine):
     def forced_pass(self, sources: Sequence[np.ndarray], targets: Sequence[Sequence[int]], *,
                     cross_layer: int | None = None, want_scores: bool = True
                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
-        t = self.tgt
-        lp, attn = forced.forced_pass(self.models, self._source(sources), targets, bos=t.bos, eos=t.eos,
+        t, src = self.tgt, self._source(sources)  # (N, S)
+        lp, attn = forced.forced_pass(self.models, src, targets, bos=t.bos, eos=t.eos,
                                       pad=t.pad, cross_layer=cross_layer, want_scores=want_scores)
         return (None if lp is None else lp.numpy()), (None if attn is None else attn.numpy())
 
