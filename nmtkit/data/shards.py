@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmtkit.data.languages import langs_of
+from nmtkit.data.languages import langs_of, split_name
 from nmtkit.errors import UserError
 
 IDX_MAGIC = b"NMTKIDX\x01"
@@ -292,3 +292,25 @@ def load_split(data_dir: str | os.PathLike, split: str, lang: str, verify: bool 
         verify_files(data_dir, m, [name for e in entries for name in (e["bin"], e["idx"])])
     d = Path(data_dir)
     return ShardedDataset([IndexedShard(d / e["bin"], d / e["idx"], e["dtype"]) for e in entries])
+
+
+def load_direction(data_dir: str | os.PathLike, manifest: dict, split: str, src_lang: str, tgt_lang: str,
+                   tagged: bool = False) -> tuple[ShardedDataset, ShardedDataset | None]:
+    """(source side, target side or None) of `split` for one direction: the target side only
+    when the split has one of as many sentences. `tagged`: a multilingual directory, whose
+    split is the direction's (`test.de-fr`, its sources tagged); one line names the directions
+    it has otherwise. The source's checksums are verified (a flipped byte is an error), the
+    target's once it is known to be used."""
+    name = split_name(split, src_lang, tgt_lang) if tagged else split
+    if tagged and name not in manifest["splits"]:
+        have = sorted(k for k in manifest["splits"] if k.startswith(f"{split}."))
+        raise UserError(f"{data_dir}: no split {name!r} (the directions of {split!r} are "
+                        f"{', '.join(k.split('.', 1)[1] for k in have) or 'none'})")
+    src = load_split(data_dir, name, src_lang, manifest=manifest)
+    try:
+        tgt = load_split(data_dir, name, tgt_lang, verify=False, manifest=manifest)
+    except UserError:  # no target side
+        return src, None
+    if len(tgt) != len(src):
+        return src, None
+    return src, load_split(data_dir, name, tgt_lang, manifest=manifest)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nmtkit.data.languages import split_name
+from nmtkit.data.shards import load_direction
 from nmtkit.errors import UserError
 from nmtkit.generation.items import Item, Truncations
 from nmtkit.generation.terms import split_line
@@ -64,15 +64,20 @@ class Inputs(NamedTuple):
 
 
 def read_inputs(spec: InputSpec, tr: Translator) -> Inputs:
-    """The items of `spec`'s raw text or binarized split, every check that needs no model run made."""
+    """The items of `spec`'s raw text or binarized split, every check that needs no model run made.
+    A split's items carry their targets when it has a target side of as many sentences
+    (`load_direction`); on a multilingual directory its sources start with the target's tag."""
     trunc = Truncations(tr.warn, spec.line_name, spec.name, tr.max_source_tokens)
     if spec.split is None:
         return Inputs(*raw_items(spec, tr, trunc), trunc)
-    total, items, targets = split_items(tr, spec, trunc)
-    if spec.scoring and not targets:
+    pair = (spec.source_lang, spec.target_lang) if tr.langs else (tr.src_lang, tr.tgt_lang)
+    src, tgt = load_direction(tr.data_dir, tr.manifest, spec.split, *pair, tagged=bool(tr.langs))
+    if spec.scoring and tgt is None:
         raise UserError(f"--score-reference: split {spec.split!r} of {spec.data_dir} has no target side "
                         f"({tr.tgt_lang}) with as many sentences; score raw text with --input and --reference")
-    return Inputs(total, items, trunc)
+    lead = int(bool(tr.langs))  # the tag before each source
+    items = (Item(i, trunc(i, src[i]), None if tgt is None else tgt[i], lead=lead) for i in range(len(src)))
+    return Inputs(len(src), items, trunc)
 
 
 def raw_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tuple[int | None, Iterator[Item]]:
@@ -84,36 +89,6 @@ def raw_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tuple[int 
     if spec.has_terms:
         tr.engine.require_terms()  # before any input is read or output written
     return (None if spec.text == "-" else count_lines(spec.text)), text_items(spec, tr, trunc)
-
-
-def split_items(tr: Translator, spec: InputSpec, trunc: Truncations) -> tuple[int, Iterator[Item], bool]:
-    """(count, items, whether they carry targets) of a binarized split of the translator's data
-    directory; targets are attached when the split has a target side of as many sentences. On a
-    multilingual directory the split is the direction's (`test.de-fr`), its sources tagged."""
-    from nmtkit.data.shards import load_split
-
-    d, m, split = tr.data_dir, tr.manifest, spec.split
-    src_lang, tgt_lang, lead = tr.src_lang, tr.tgt_lang, 0
-    if tr.langs:
-        src_lang, tgt_lang, lead = spec.source_lang, spec.target_lang, 1
-        split = split_name(split, src_lang, tgt_lang)
-        if split not in m["splits"]:
-            have = sorted(k for k in m["splits"] if k.startswith(f"{spec.split}."))
-            raise UserError(f"{d}: no split {split!r} (the directions of {spec.split!r} are "
-                            f"{', '.join(k.split('.', 1)[1] for k in have) or 'none'})")
-    src = load_split(d, split, src_lang, manifest=m)  # checksums verified: a flipped byte is an error
-    try:
-        tgt = load_split(d, split, tgt_lang, verify=False, manifest=m)
-    except UserError:  # no target side
-        tgt = None
-    if tgt is not None:
-        tgt = load_split(d, split, tgt_lang, manifest=m) if len(tgt) == len(src) else None
-
-    def gen() -> Iterator[Item]:
-        for i in range(len(src)):
-            yield Item(i, trunc(i, src[i]), None if tgt is None else tgt[i], lead=lead)
-
-    return len(src), gen(), tgt is not None
 
 
 def reference_items(spec: InputSpec, tr: Translator, trunc: Truncations) -> tuple[int, Iterator[Item]]:
