@@ -46,15 +46,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 RECIPE_NAME=finetune
 
-SMOKE=${SMOKE:-0}                   # SMOKE=1 in the environment is the same as --smoke
-for arg in "$@"; do
-    case $arg in
-        --smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "[finetune] error: unknown option $arg (see --help)" >&2; exit 2 ;;
-    esac
-done
-s() { if [ "$SMOKE" = 1 ]; then echo "$1"; else echo "$2"; fi; }   # s SMOKE_VALUE FULL_VALUE
+# shellcheck disable=SC1091
+. recipes/lib/options.sh
+recipe_options "${BASH_SOURCE[0]}" "$@"   # --smoke (SMOKE=1 in the environment is the same), --help
 
 # ---------------------------------------------------------------- settings -------------------
 WORK=${NMTKIT_WORK:-$ROOT/runs/finetune_news_de_en$(s _smoke "")}

@@ -55,20 +55,13 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 RECIPE_NAME=multilingual
 
-SMOKE=${SMOKE:-0}                   # SMOKE=1 in the environment is the same as --smoke
-for arg in "$@"; do
-    case $arg in
-        --smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "[multilingual] error: unknown option $arg (see --help)" >&2; exit 2 ;;
-    esac
-done
-s() { if [ "$SMOKE" = 1 ]; then echo "$1"; else echo "$2"; fi; }   # s SMOKE_VALUE FULL_VALUE
+# shellcheck disable=SC1091
+. recipes/lib/options.sh
+recipe_options "${BASH_SOURCE[0]}" "$@"   # --smoke (SMOKE=1 in the environment is the same), --help
 
 # ---------------------------------------------------------------- settings -------------------
 MODE=${MODE:-all}
 LANGS="de en fr cs"
-MULTI30K_URL=${NMTKIT_MULTI30K_URL:-https://github.com/multi30k/dataset/raw/master/data/task1/raw}
 WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_4way_${MODE//-/_}$(s _smoke "")}
 SMOKE_TRAIN_LINES=2000              # --smoke: the first 2000 lines of every language
 TEST_LINES=$(s 200 1000)            # test_2016_flickr lines translated (1000: all of it)
@@ -109,6 +102,8 @@ THREADS=${THREADS:-$(s 1 "$(nproc)")}
 . recipes/lib/stages.sh
 # shellcheck disable=SC1091
 . recipes/lib/env.sh
+# shellcheck disable=SC1091
+. recipes/lib/multi30k.sh
 
 DATA_BIN=$WORK/data
 CKPT_DIR=$WORK/checkpoints
@@ -125,50 +120,10 @@ case $MODE in
 esac
 EVALUATED="$TRAINED $ZERO_SHOT"
 
-multi30k_files() {  # the twelve file names, one a line
-    local split l
-    for split in train val test_2016_flickr; do for l in $LANGS; do echo "$split.$l.gz"; done; done
-}
-
-download_multi30k() {  # download_multi30k DIR: the files DIR lacks, each checked as gzip
-    local f
-    for f in $(multi30k_files); do
-        [ -s "$1/$f" ] && continue
-        say "data: downloading $MULTI30K_URL/$f"
-        python - "$MULTI30K_URL/$f" "$1/$f" <<'EOF'
-import gzip, os, sys, urllib.request
-url, dest = sys.argv[1], sys.argv[2]
-tmp = dest + ".part"
-try:
-    with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as fh:
-        fh.write(r.read())
-    with gzip.open(tmp) as g:  # a truncated or HTML download fails here, not later
-        while g.read(1 << 20):
-            pass
-except Exception as e:
-    if os.path.exists(tmp):
-        os.unlink(tmp)
-    sys.exit(f"[multilingual] cannot download {url}: {e}\n"
-             "  (offline?) Put the twelve Multi30k files in a folder and set NMTKIT_DATA to it.")
-os.replace(tmp, dest)
-EOF
-    done
-}
-
 stage_data() {
     local f
-    if [ -n "${NMTKIT_DATA:-}" ]; then
-        RAW=$NMTKIT_DATA
-        for f in $(multi30k_files); do
-            [ -f "$RAW/$f" ] || die "NMTKIT_DATA=$RAW has no $f"
-        done
-        say "data: using $RAW"
-    else
-        RAW=${NMTKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nmtkit/multi30k}
-        mkdir -p "$RAW"
-        download_multi30k "$RAW"
-        say "data: $RAW"
-    fi
+    # shellcheck disable=SC2086
+    multi30k_raw $LANGS
     # --smoke trains on the first SMOKE_TRAIN_LINES lines only (the same images in every
     # language); test.LANG.gz: the first TEST_LINES test lines, translated; val stays complete.
     mkdir -p "$WORK/raw"
@@ -188,7 +143,8 @@ for split, name_in, n in (("train", "train", n_train), ("val", "val", 0),
             fo.writelines(lines[:n] if n else lines)
         os.replace(tmp, os.path.join(dst, f"{split}.{lang}.gz"))
 EOF
-    for f in $(multi30k_files); do STAGE_OUTPUTS+=("$WORK/raw/$f"); done
+    # shellcheck disable=SC2086
+    for f in $(multi30k_files $LANGS); do STAGE_OUTPUTS+=("$WORK/raw/$f"); done
     for f in $LANGS; do STAGE_OUTPUTS+=("$WORK/raw/test.$f.gz"); done
 }
 

@@ -33,19 +33,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 RECIPE_NAME=quickstart
 
-SMOKE=${SMOKE:-0}                   # SMOKE=1 in the environment is the same as --smoke
-for arg in "$@"; do
-    case $arg in
-        --smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "[quickstart] error: unknown option $arg (see --help)" >&2; exit 2 ;;
-    esac
-done
-s() { if [ "$SMOKE" = 1 ]; then echo "$1"; else echo "$2"; fi; }   # s SMOKE_VALUE FULL_VALUE
+# shellcheck disable=SC1091
+. recipes/lib/options.sh
+recipe_options "${BASH_SOURCE[0]}" "$@"   # --smoke (SMOKE=1 in the environment is the same), --help
 
 # ---------------------------------------------------------------- settings -------------------
-MULTI30K_URL=${NMTKIT_MULTI30K_URL:-https://github.com/multi30k/dataset/raw/master/data/task1/raw}
-MULTI30K_FILES="train.de.gz train.en.gz val.de.gz val.en.gz test_2016_flickr.de.gz test_2016_flickr.en.gz"
 WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_de_en$(s _smoke "")}
 SMOKE_TRAIN_LINES=2000
 VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 8000)}
@@ -83,6 +75,8 @@ THREADS=${THREADS:-$(s 1 "$(nproc)")}
 . recipes/lib/stages.sh
 # shellcheck disable=SC1091
 . recipes/lib/env.sh
+# shellcheck disable=SC1091
+. recipes/lib/multi30k.sh
 
 DATA_BIN=$WORK/data
 CKPT_DIR=$WORK/checkpoints
@@ -93,38 +87,7 @@ STAMP_DIR=$WORK/stamps
 STAGES=(data preprocess train average generate score)
 
 stage_data() {
-    if [ -n "${NMTKIT_DATA:-}" ]; then
-        RAW=$NMTKIT_DATA
-        for f in $MULTI30K_FILES; do
-            [ -f "$RAW/$f" ] || die "NMTKIT_DATA=$RAW has no $f"
-        done
-        say "data: using $RAW"
-    else
-        RAW=${NMTKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nmtkit/multi30k}
-        mkdir -p "$RAW"
-        for f in $MULTI30K_FILES; do
-            [ -s "$RAW/$f" ] && continue
-            say "data: downloading $MULTI30K_URL/$f"
-            python - "$MULTI30K_URL/$f" "$RAW/$f" <<'EOF'
-import gzip, os, sys, urllib.request
-url, dest = sys.argv[1], sys.argv[2]
-tmp = dest + ".part"
-try:
-    with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as fh:
-        fh.write(r.read())
-    with gzip.open(tmp) as g:  # a truncated or HTML download fails here, not later
-        while g.read(1 << 20):
-            pass
-except Exception as e:
-    if os.path.exists(tmp):
-        os.unlink(tmp)
-    sys.exit(f"[quickstart] cannot download {url}: {e}\n"
-             "  (offline?) Put the six Multi30k files in a folder and set NMTKIT_DATA to it.")
-os.replace(tmp, dest)
-EOF
-        done
-        say "data: $RAW"
-    fi
+    multi30k_raw de en
     # --smoke trains on the first SMOKE_TRAIN_LINES pairs only; valid and test stay complete.
     mkdir -p "$WORK/raw"
     python - "$RAW" "$WORK/raw" "$(s "$SMOKE_TRAIN_LINES" 0)" <<'EOF'
@@ -142,7 +105,7 @@ for split in ("train", "val", "test_2016_flickr"):
         os.replace(tmp, os.path.join(dst, name))
 EOF
     local f
-    for f in $MULTI30K_FILES; do STAGE_OUTPUTS+=("$WORK/raw/$f"); done
+    for f in $(multi30k_files de en); do STAGE_OUTPUTS+=("$WORK/raw/$f"); done
 }
 
 stage_preprocess() {

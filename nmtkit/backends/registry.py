@@ -95,16 +95,16 @@ class ModelSource:
         `nmtkit.json` (the runtime's present, the copied data files' sha256)."""
         if self._checked:
             return
-        if self.info is None:
+        if self.info is not None:
+            from nmtkit.backends.directory import check_files
+
+            check_files(self.folder, self.info)
+        else:
             from nmtkit.io import require_exists
 
             for p in self.paths:
                 require_exists(p)
             self.manifest  # noqa: B018 - read now: "data directory not found" before any weight is loaded
-        else:
-            from nmtkit.backends.directory import check_files
-
-            check_files(self.folder, self.info)
         self._checked = True
 
     def dictionaries(self):

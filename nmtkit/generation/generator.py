@@ -193,14 +193,14 @@ class GenerateOptions:
 def open_translator(opts: GenerateOptions, warn: Callable[[str], None]) -> Translator:
     """The flags' model through the one opener: the engine's device checked first (a bad device
     is reported before any file), then the files the flags name and the direction asked for
-    (`_check_files`), the notes said, and the model loaded with the search flags as defaults."""
+    (`_check_files`, an empty input said), and the model loaded with the search flags as defaults."""
     source, options = model_source(opts), runtime_options(opts)
     search = with_seed(opts.search, opts.seed)
     prepared = source.engine.prepare(options, warn)
     print_note(_check_files(opts))
-    print_note(opts.engine_note)
     tr = Translator.open(source, options, prepared=prepared, max_tokens=opts.max_tokens,
                          batch_size=opts.batch_size, warn=warn, search=search, shortlist=opts.shortlist)
+    print_note(opts.engine_note)  # once the model is open: a refusal stays one line
     tr.positional_scores = opts.format == "fairseq"  # its P- lines
     tr.target_lang = opts.target_lang
     return tr

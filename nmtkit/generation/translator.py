@@ -190,27 +190,27 @@ class Translator:
         source.check()  # the files first: the defaults depend on the data directory's manifest
         if search is None:
             search = cls.search_defaults(source)
+        search = apply_search_settings(search, decoding_settings(search_settings))
         tr = cls.open(source, options, max_tokens=max_tokens, batch_size=batch_size,
-                      warn=warn, search=search, shortlist=shortlist, **search_settings)
+                      warn=warn, search=search, shortlist=shortlist)
         tr.set_target_lang(target_lang)
         return tr
 
     @classmethod
     def open(cls, source: ModelSource, options: RuntimeOptions, *, search: SearchConfig, prepared=None,
              max_tokens: int | None = None, batch_size: int | None = None,
-             warn: Callable[[str], None] | None = None, shortlist: str | os.PathLike | None = None,
-             **search_settings) -> Translator:
+             warn: Callable[[str], None] | None = None, shortlist: str | os.PathLike | None = None) -> Translator:
         """`load` for a model already described (`nmtkit.backends.registry.describe`) and the
-        load-time search its caller decided (a command's flags; `load`'s `search_defaults`): an
-        export's files checked, the engine's process-wide set-up (`prepared`: its result, when the
-        caller ran it already, as `nmtkit generate` does to check the device before its --output),
-        `search_settings` applied, the dictionaries and subword models, then the engine."""
+        load-time search its caller decided (a command's flags; `load`'s `search_defaults` with
+        its settings): the search checked against the engine before anything is read, then the
+        files the description names (`ModelSource.check`), the engine's process-wide set-up
+        (`prepared`: its result, when the caller ran it already, as `nmtkit generate` does to
+        check the device before its --output), the dictionaries and subword models, then the engine."""
         warn = warn or warn_stderr
+        source.engine.check_search(search)
         source.check()
         if prepared is None:
             prepared = source.engine.prepare(options, warn)
-        cfg = apply_search_settings(search, decoding_settings(search_settings))
-        source.engine.check_search(cfg)  # before anything is read or loaded
         src_dict, tgt_dict = source.dictionaries()
         tgt_subword = source.subword_model(source.manifest["target_lang"])
         shortlisted = None
@@ -219,10 +219,10 @@ class Translator:
 
             source.engine.require_shortlists()
             shortlisted = Shortlist.load(shortlist, src_dict, tgt_dict)
-        engine = source.engine.open(source, prepared, src_dict, tgt_dict, options, cfg)
+        engine = source.engine.open(source, prepared, src_dict, tgt_dict, options, search)
         if shortlisted is not None:
             engine.use_shortlist(shortlisted)
-        tr = cls(engine, source, src_dict=src_dict, tgt_dict=tgt_dict, tgt_subword=tgt_subword, search=cfg,
+        tr = cls(engine, source, src_dict=src_dict, tgt_dict=tgt_dict, tgt_subword=tgt_subword, search=search,
                  max_tokens=max_tokens, batch_size=batch_size, warn=warn)
         return tr
 
