@@ -17,6 +17,7 @@ from nmtkit.data.shards import (
     ShardSetWriter,
     ShardWriter,
     dtype_for_vocab,
+    load_direction,
     load_split,
 )
 from nmtkit.errors import UserError
@@ -309,6 +310,46 @@ def test_load_split_takes_a_manifest_already_read(tmp_path):
     assert [x.tolist() for x in ds] == corpus["train"]["en"]
     with pytest.raises(UserError, match="is not a complete nmtkit data directory"):
         load_split(d, "train", "en")  # without it, the directory's own (gone) is read
+
+
+def test_load_direction_gives_the_target_side_only_when_it_is_usable(tmp_path):
+    """generate's binarized input: the source side, and the target side when the split has one
+    of as many sentences (else None); the target is verified before it is used."""
+    d, corpus = _data_dir(tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    src, tgt = load_direction(d, m, "train", "de", "en")
+    assert [x.tolist() for x in src] == corpus["train"]["de"]
+    assert [x.tolist() for x in tgt] == corpus["train"]["en"]
+    src, tgt = load_direction(d, m, "valid", "de", "fr")  # no such side: no targets
+    assert [x.tolist() for x in src] == corpus["valid"]["de"] and tgt is None
+    # a target side of another count (train's second shard of en replaced by valid's one sentence
+    # of two tokens: 2 + 1 = 3 sentences still; replace the first instead: 1 + 1 = 2 != 3)
+    other = json.loads(json.dumps(m))
+    other["splits"]["train"]["shards"][0]["en"] = m["splits"]["valid"]["shards"][0]["en"]
+    src, tgt = load_direction(d, other, "train", "de", "en")
+    assert len(src) == 3 and tgt is None
+    # a target that fails its checksum is an error, not a missing side
+    p = d / "train.en.000.bin"
+    p.write_bytes(bytes([p.read_bytes()[0] ^ 1]) + p.read_bytes()[1:])
+    with pytest.raises(UserError, match=re.escape(f"{p}: checksum mismatch")):
+        load_direction(d, m, "train", "de", "en")
+
+
+def test_load_direction_of_a_multilingual_directory_reads_the_directions_split(tmp_path):
+    d, corpus = _data_dir(tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["splits"]["valid.de-en"] = m["splits"].pop("valid")  # KIND.SRC-TGT, as a multilingual directory names them
+    src, tgt = load_direction(d, m, "valid", "de", "en", tagged=True)
+    assert [x.tolist() for x in src] == corpus["valid"]["de"] and [x.tolist() for x in tgt] == corpus["valid"]["en"]
+    with pytest.raises(UserError) as e:
+        load_direction(d, m, "valid", "en", "de", tagged=True)
+    assert str(e.value) == f"{d}: no split 'valid.en-de' (the directions of 'valid' are de-en)"
+    with pytest.raises(UserError) as e:
+        load_direction(d, m, "test", "de", "en", tagged=True)
+    assert str(e.value) == f"{d}: no split 'test.de-en' (the directions of 'test' are none)"
+    with pytest.raises(UserError) as e:  # untagged: the split's own name, refused by load_split
+        load_direction(d, m, "valid", "de", "en")
+    assert str(e.value).startswith(f"{d}: no split 'valid' (it has ")
 
 
 def test_sizes_between_equals_a_slice_of_sizes_for_every_range(tmp_path):
