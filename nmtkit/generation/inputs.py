@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nmtkit.data.shards import load_direction
 from nmtkit.errors import UserError
 from nmtkit.generation.items import Item, Truncations
 from nmtkit.generation.terms import split_line
@@ -70,6 +69,8 @@ def read_inputs(spec: InputSpec, tr: Translator) -> Inputs:
     trunc = Truncations(tr.warn, spec.line_name, spec.name, tr.max_source_tokens)
     if spec.split is None:
         return Inputs(*raw_items(spec, tr, trunc), trunc)
+    from nmtkit.data.shards import load_direction  # binarized splits only: raw text needs no shards
+
     pair = (spec.source_lang, spec.target_lang) if tr.langs else (tr.src_lang, tr.tgt_lang)
     src, tgt = load_direction(tr.data_dir, tr.manifest, spec.split, *pair, tagged=bool(tr.langs))
     if spec.scoring and tgt is None:
