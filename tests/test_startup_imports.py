@@ -3,7 +3,8 @@
 `nmtkit generate` on an export directory should cost little more than its runtime's own import:
 the process imports the command it runs and what that command uses, nothing else. The checks are
 on WHICH modules a fresh process has imported when it exits, never on time:
-- no other command's module, no forced decoding (nothing here asked for scores or alignments);
+- no other command's module, no forced decoding (nothing here asked for scores or alignments),
+  no shard reader (raw text, not a binarized split);
 - no pydantic: typer builds a pydantic TypeAdapter per flag to convert its value, and nmtkit
   converts the plain kinds itself (`nmtkit.cli.coercion`), as typer would;
 - no rich (the run printed no warning and no error), no click beside typer's own copy, no torch.
@@ -82,7 +83,7 @@ def test_generate_on_an_export_imports_only_its_own_command(export, tmp_path):
     assert {m for m in mods if m.startswith("nmtkit.cli.")} == {
         "nmtkit.cli.app", "nmtkit.cli.coercion", "nmtkit.cli.generate", "nmtkit.cli.options"}
     unwanted = {"pydantic", "rich", "torch", "nmtkit.generation.forced", "nmtkit.generation.inspection",
-                "nmtkit.outputs", "nmtkit.cli.fairseq_flags"}
+                "nmtkit.outputs", "nmtkit.cli.fairseq_flags", "nmtkit.data.shards"}  # raw text: no shard reader
     if _vendored_click():
         unwanted.add("click")
     assert mods & unwanted == set()
