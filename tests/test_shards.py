@@ -344,6 +344,10 @@ def test_load_direction_of_a_multilingual_directory_reads_the_directions_split(t
     with pytest.raises(UserError) as e:
         load_direction(d, m, "valid", "en", "de", tagged=True)
     assert str(e.value) == f"{d}: no split 'valid.en-de' (the directions of 'valid' are de-en)"
+    m["splits"]["valid.fr-en"] = m["splits"]["valid.de-en"]
+    with pytest.raises(UserError) as e:
+        load_direction(d, m, "valid", "en", "de", tagged=True)
+    assert str(e.value) == f"{d}: no split 'valid.en-de' (the directions of 'valid' are de-en, fr-en)"
     with pytest.raises(UserError) as e:
         load_direction(d, m, "test", "de", "en", tagged=True)
     assert str(e.value) == f"{d}: no split 'test.de-en' (the directions of 'test' are none)"

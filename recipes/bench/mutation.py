@@ -71,7 +71,7 @@ MODULES: dict[str, Module] = {
     "trainer-step": Module(
         ("nmtkit/training/step.py",), ("tests/test_update_step.py", "tests/test_train.py"), (),
         "the update step (training/step.py: UpdateStep, total_norm)"),
-    "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py", "tests/test_batch_plan.py")),
+    "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py", "tests/test_batch_plan.py", "tests/test_padding.py")),
     "dictionary": Module(("nmtkit/data/dictionary.py",), ("tests/test_dictionary.py",)),
     "shards": Module(("nmtkit/data/shards.py",), ("tests/test_shards.py",)),
     "subwords": Module(("nmtkit/data/subwords.py",),
