@@ -120,6 +120,31 @@ def test_empty_and_all_skipped_plans():
         EpochBatches(Sizes([1, 2]), Sizes([1, 2]), max_tokens=10).batches(1)[5]
 
 
+def test_batch_indexing_bounds_and_refusals():
+    """A plan reads like a list: -n .. n - 1 index batches, anything else is an IndexError naming
+    the batch and the count; the limits and the two sides are checked in one line each."""
+    plan = EpochBatches(Sizes([1, 2, 3, 4]), Sizes([1, 2, 3, 4]), max_tokens=None, max_sentences=1,
+                        shuffle=False).batches(1)
+    assert len(plan) == 4
+    assert plan[-4].tolist() == plan[0].tolist() and plan[3].tolist() == plan[-1].tolist()
+    for bad in (4, -5):
+        with pytest.raises(IndexError) as e:
+            plan[bad]
+        assert str(e.value) == f"batch {bad} out of range for 4 batches"
+    with pytest.raises(ValueError) as e:
+        EpochBatches(Sizes([1, 2]), Sizes([1, 2]), max_tokens=None).batches(1)
+    assert str(e.value) == "need max_tokens or max_sentences"
+    with pytest.raises(ValueError) as e:
+        B.scan_sizes(Sizes([1, 2]), Sizes([1]), B._Limits(10, None, None, None, 1))
+    assert str(e.value) == "source has 2 sentences but target has 1"
+
+
+def test_positions_are_int32_below_2_to_the_31_pairs():
+    """4 bytes per pair while a corpus has fewer than 2**31 pairs, 8 from there."""
+    assert B._position_dtype(2**31 - 1) == np.int32
+    assert B._position_dtype(2**31) == np.int64
+
+
 def test_the_chunk_size_is_read_when_the_sizes_are_streamed(monkeypatch):
     """SIZE_CHUNK is read on each pass, not bound once when the module loads: a test that makes it
     small really streams the sizes in small chunks (it was once a default argument, and patching it
