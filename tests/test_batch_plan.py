@@ -111,6 +111,21 @@ def test_wide_keys_fall_back_to_lexsort_with_the_same_batches(monkeypatch):
     assert calls == [1]  # narrow sizes: the packed keys
 
 
+def test_a_key_one_bit_wider_than_64_is_not_packed():
+    """Packing needs the four fields within 64 bits: at 65 (10 tie + 18 + 18 size + 19 length bits)
+    the length's top bit would fall off a uint64; the plan still equals make_batches'."""
+    src, tgt = corpus(6, 800)
+    src[3], tgt[4] = 2**18 - 1, 2**18 - 1
+    lim = B._Limits(4_000_000, None, None, None, 1)
+    scan = B.scan_sizes(Sizes(src), Sizes(tgt), lim)
+    widths = (B._bits(scan.kept - 1), B._bits(scan.max_src), B._bits(scan.max_tgt), B._bits(int(scan.length_values[-1])))
+    assert widths == (10, 18, 18, 19)  # guard: 65 bits
+    eb = EpochBatches(Sizes(src), Sizes(tgt), max_tokens=4_000_000, seed=2)
+    assert [b.tolist() for b in eb.batches(1)] == reference(src, tgt, rank=0, world_size=1, seed=2, epoch=1,
+                                                            max_tokens=4_000_000)
+    assert B.BatchPlan(np.zeros(0, np.int32), np.zeros(1, np.int64)).padding == B.Padding()  # none measured: zeros
+
+
 def test_empty_and_all_skipped_plans():
     eb = EpochBatches(Sizes([]), Sizes([]), max_tokens=10)
     assert len(eb) == 0 and list(eb.batches(1)) == [] and eb.filter.indices.tolist() == []
