@@ -251,6 +251,64 @@ def test_check_model_options_returns_the_export(export_dir):
     assert check_model_options(gen()) is None
 
 
+def test_check_lang_flags():
+    """--source-lang / --target-lang against a bilingual and a multilingual manifest, word for word."""
+    from nmtkit.data.languages import check_lang_flags
+
+    bi = {"source_lang": "de", "target_lang": "en"}
+    for src, tgt, split in ((None, None, True), ("de", "en", True), (None, "en", False), ("de", None, False)):
+        check_lang_flags(bi, src, tgt, split=split)  # its own pair, or nothing
+    refused(lambda: check_lang_flags(bi, "fr", None, split=False),
+            "--source-lang fr: the model translates de into en only")
+    refused(lambda: check_lang_flags(bi, None, "fr", split=False),
+            "--target-lang fr: the model translates de into en only")
+    multi = {"source_lang": "src", "target_lang": "tgt",
+             "multilingual": {"pairs": ["de-en", "en-de", "fr-en"], "langs": ["de", "en", "fr"]}}
+    check_lang_flags(multi, None, "en", split=False)  # raw text: the target is enough
+    check_lang_flags(multi, "fr", "en", split=True)
+    refused(lambda: check_lang_flags(multi, None, "en", split=True),
+            "--source-lang: a binarized split of a multilingual data directory is one direction; "
+            "give --source-lang and --target-lang (de, en, fr)")
+    refused(lambda: check_lang_flags(multi, None, None, split=False),
+            "--target-lang: the model is multilingual; give the target language (de, en, fr)")
+    refused(lambda: check_lang_flags(multi, None, "cs", split=False),
+            "--target-lang: target language 'cs' is not one of the model's languages (de, en, fr)")
+    refused(lambda: check_lang_flags(multi, None, "fr", split=False),
+            "--target-lang: the model was trained to translate into de, en, not 'fr'")
+
+
+def test_check_files_before_the_model_is_loaded(tmp_path):
+    """generate's files, each refused in one line naming its flag before any load, and the note for
+    an empty --input."""
+    from nmtkit.generation.generator import _check_files
+
+    class Source:
+        manifest = {"source_lang": "de", "target_lang": "en"}
+
+    src, ref, empty = tmp_path / "in.de", tmp_path / "ref.en", tmp_path / "empty.de"
+    src.write_text("x\n", encoding="utf-8")
+    ref.write_text("y\n", encoding="utf-8")
+    empty.write_bytes(b"")
+
+    def opts(**kw):
+        o = gen(**kw)
+        o.source = Source()
+        return o
+
+    assert _check_files(opts(input=str(src))) is None
+    assert _check_files(opts(input="-")) is None and _check_files(opts()) is None
+    assert _check_files(opts(input=str(empty))) == (f"--input {empty} is empty: 0 sentences to translate "
+                                                   "(the model is still loaded and checked)")
+    refused(lambda: _check_files(opts(input=str(tmp_path / "none.de"))), f"--input {tmp_path / 'none.de'}: not found")
+    refused(lambda: _check_files(opts(input=str(tmp_path))), f"--input {tmp_path}: not a file")
+    refused(lambda: _check_files(opts(input=str(src), reference=str(tmp_path / "r"), score_reference=True)),
+            f"--reference {tmp_path / 'r'}: not found")
+    refused(lambda: _check_files(opts(input=str(src), output=str(src))),
+            f"--output {src} is the same file as --input {src}; choose another output")
+    refused(lambda: _check_files(opts(input=str(src), target_lang="fr")),
+            "--target-lang fr: the model translates de into en only")
+
+
 def test_check_output_path(tmp_path, monkeypatch):
     from nmtkit.generation.generator import _check_output_path
 
