@@ -109,6 +109,10 @@ def test_wide_keys_fall_back_to_lexsort_with_the_same_batches(monkeypatch):
     assert calls == [1]  # the wide sizes took the lexsort path
     EpochBatches(Sizes(src[:10] % 50), Sizes(tgt[:10] % 50), max_tokens=200, seed=2).batches(1)
     assert calls == [1]  # narrow sizes: the packed keys
+    unshuffled = EpochBatches(Sizes(src), Sizes(tgt), max_tokens=4_000_000, shuffle=False)  # ties by position
+    assert [b.tolist() for b in unshuffled.batches(1)] == reference(src, tgt, rank=0, world_size=1, seed=2, epoch=1,
+                                                                    max_tokens=4_000_000, shuffle=False)
+    assert calls == [1, 1]
 
 
 def test_a_key_one_bit_wider_than_64_is_not_packed():
