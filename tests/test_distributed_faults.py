@@ -46,6 +46,23 @@ def wait_for(pred, timeout: float, what: str, procs=()):
 # ------------------------------------------------------------------------------------------------
 # the launcher dies
 
+def test_a_stop_right_after_the_save_names_the_checkpoint_it_wrote(data_dir, tmp_path, monkeypatch):
+    """Rank 0's checkpoint_last.pt is on disk (and in the log) before the ranks meet at the save's
+    barrier; a stop in that window (the launcher killed, a peer gone) says which update it holds,
+    not that none was written."""
+    from test_host_syncs import new_trainer
+
+    from nmtkit.training.report import JsonlLog
+
+    t = new_trainer(data_dir, tmp_path / "run")
+    (tmp_path / "run").mkdir(exist_ok=True)
+    t.log = JsonlLog(tmp_path / "run" / "train_log.jsonl")
+    notes = []
+    monkeypatch.setattr(D, "barrier", lambda info, where="": notes.append(t._saved_note()))
+    t._save([])
+    assert notes == [f"{tmp_path / 'run' / 'checkpoint_last.pt'} holds update {t.state.update}"]
+
+
 @linux_only
 def test_workers_stop_at_once_when_the_torchrun_launcher_is_killed(data_dir, tmp_path):
     """kill -9 of torchrun: both workers exit within a second or two with status 143, without a

@@ -397,6 +397,7 @@ class Trainer:
             # previous one, from which the rerun redoes these updates and writes these names again
             others = [self.save_dir / n for n in dict.fromkeys(names) if n != LAST]
             ck.save_checkpoint(state, self.save_dir / LAST, links=others)
+            lp.saved_at_update = self.state.update  # the file holds it now: a stop from here on says so
             removed = ck.prune_checkpoints(self.save_dir, self.cfg.keep_last_updates, self.cfg.keep_last_epochs)
             self.log.write({"type": "checkpoint", "update": self.state.update, "files": [LAST, *names],
                             "removed": [p.name for p in removed], "seconds": round(time.perf_counter() - t0, 3)})
