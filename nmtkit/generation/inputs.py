@@ -66,7 +66,7 @@ def read_inputs(spec: InputSpec, tr: Translator) -> Inputs:
     """The items of `spec`'s raw text or binarized split, every check that needs no model run made.
     A split's items carry their targets when it has a target side of as many sentences
     (`load_direction`); on a multilingual directory its sources start with the target's tag."""
-    trunc = Truncations(tr.warn, spec.line_name, spec.name, tr.max_source_tokens)
+    trunc = tr.truncations(spec.line_name, spec.name)
     if spec.split is None:
         return Inputs(*raw_items(spec, tr, trunc), trunc)
     from nmtkit.data.shards import load_direction  # binarized splits only: raw text needs no shards
