@@ -128,6 +128,8 @@ def train(**kw):
     ({"lr": float("inf")}, "--lr must be a finite number, got inf"),
     ({"update_freq": None}, "--update-freq must be > 0, got None"),  # library callers may pass None
     ({"lr": None}, "--lr must be > 0, got None"),
+    ({"lang_pairs": "de-en,de"}, "--lang-pairs: 'de' is not a pair SRC-TGT of language suffixes (lower-case letters, "
+                                 "digits and _, e.g. de-en)"),
 ])
 def test_train_refusals(bad, message):
     refused(lambda: train(**bad), message)
@@ -136,7 +138,7 @@ def test_train_refusals(bad, message):
 def test_train_boundaries_are_accepted():
     for ok in ({"max_tokens": None, "batch_size": 1}, {"batch_size": None}, {"warmup_updates": 1},
                {"warmup_init_lr": 0.0}, {"adam_betas": (0.0, 0.0)}, {"weight_decay": 0.0}, {"threads": 1},
-               {"eval_bleu_max_len_b": 0}, {"ema_decay": 0.0}, {"ema_decay": 0.999},
+               {"eval_bleu_max_len_b": 0}, {"ema_decay": 0.0}, {"ema_decay": 0.999}, {"lang_pairs": "de-en,fr-en"},
                {"best_checkpoint_metric": "bleu", "eval_bleu": True}, {"no_validate": True},
                {"ema": True, "finetune_from_model": "m.pt"}, {"lr_scheduler": "inverse_sqrt"},
                {"precision": "bf16"}, {"max_update": 0, "patience": 0}):
@@ -241,6 +243,49 @@ def test_generate_valid_combinations_are_accepted(export_dir):
         gen(**ok).validate()
 
 
+def test_generate_rule_files_exist(tmp_path):
+    """--avoid, --prefix and --shortlist: a missing path and a folder each named by their flag;
+    stdin (-) is left to the rule that --input alone may be stdin."""
+    rules = tmp_path / "rules.txt"
+    rules.write_text("x\n", encoding="utf-8")
+    for flag in ("avoid", "prefix", "shortlist"):
+        extra = {} if flag == "shortlist" else {"input": "in.txt"}
+        refused(lambda: gen(**{flag: str(tmp_path / "none")}, **extra).validate(),
+                f"--{flag} {tmp_path / 'none'}: not found")
+        refused(lambda: gen(**{flag: str(tmp_path)}, **extra).validate(), f"--{flag} {tmp_path}: not a file")
+        gen(**{flag: str(rules)}, **extra).validate()
+    gen(shortlist="-").validate()  # not a file name to look for (the reader says what it is)
+    for flag in ("avoid", "prefix"):
+        refused(lambda: gen(**{flag: "-"}, input="in.txt").validate(), f"--{flag} must be a file (--input may be - for stdin)")
+
+
+def test_describe_phrases_each_refusal_for_the_api(export_dir):
+    """Translator.load's arguments are named where the command line names flags."""
+    from nmtkit.backends.registry import check_quantize, describe
+
+    refused(lambda: describe([], None, api=True),
+            "Translator.load: no checkpoint given (a path, or a list of paths for an ensemble)")
+    refused(lambda: describe(["m.pt"], None, api=True),
+            "Translator.load: data_dir is required: the data directory the checkpoint was trained with (its "
+            "dictionaries and subword models), unless path is a directory made by nmtkit export")
+    alone = (f"{export_dir} is an export directory: it carries its own dictionaries and subword models; load it "
+             "alone, without data_dir (no ensembles of exports)")
+    refused(lambda: describe([export_dir], "d", api=True), alone)
+    refused(lambda: describe([export_dir, export_dir], None, api=True), alone)
+    source = describe([export_dir], None, api=True)
+    assert (source.format, source.paths, source.folder, source.export) == ("ctranslate2", (export_dir,), export_dir, export_dir)
+    assert source.manifest == {}  # the export's own copy of the data directory's entries, not read from disk
+    refused(lambda: check_quantize(source, "int8", api=True),
+            f"quantize: {export_dir} runs with the weight type chosen when it was exported (nmtkit export "
+            "--quantization int8)")
+    check_quantize(source, "none", api=True)
+    check_quantize(describe(["m.pt"], "d"), "int8")  # a checkpoint quantizes as it loads
+    refused(lambda: describe([export_dir], None, forced="nmtkit attention"),
+            "nmtkit attention needs nmtkit's own model: load the checkpoint and its data directory (an export "
+            "directory is run by CTranslate2, which exposes no attention or forced scores)")
+    assert describe(["a.pt", "b.pt"], "d", forced="nmtkit attention").paths == ("a.pt", "b.pt")
+
+
 def test_check_model_options_returns_the_export(export_dir):
     from nmtkit.backends.registry import CHECKPOINT, describe
     from nmtkit.generation.model_flags import check_model_options
@@ -275,6 +320,13 @@ def test_check_lang_flags():
             "--target-lang: target language 'cs' is not one of the model's languages (de, en, fr)")
     refused(lambda: check_lang_flags(multi, None, "fr", split=False),
             "--target-lang: the model was trained to translate into de, en, not 'fr'")
+    # the target checked first; a fault of the source names --source-lang
+    refused(lambda: check_lang_flags(multi, "cs", "en", split=False),
+            "--source-lang: source language 'cs' is not one of the model's languages (de, en, fr)")
+    refused(lambda: check_lang_flags(multi, "en", "en", split=True),
+            "--source-lang: source and target language are both 'en'")
+    refused(lambda: check_lang_flags(multi, "cs", "fr", split=False),
+            "--target-lang: the model was trained to translate into de, en, not 'fr'")
 
 
 def test_check_files_before_the_model_is_loaded(tmp_path):
@@ -307,6 +359,20 @@ def test_check_files_before_the_model_is_loaded(tmp_path):
             f"--output {src} is the same file as --input {src}; choose another output")
     refused(lambda: _check_files(opts(input=str(src), target_lang="fr")),
             "--target-lang fr: the model translates de into en only")
+    refused(lambda: _check_files(opts(input=str(src), source_lang="fr")),
+            "--source-lang fr: the model translates de into en only")
+    multi = {"source_lang": "src", "target_lang": "tgt",
+             "multilingual": {"pairs": ["de-en", "fr-en"], "langs": ["de", "en", "fr"]}}
+
+    def multi_opts(**kw):
+        o = opts(**kw)
+        o.source = type("Multi", (), {"manifest": multi})()
+        return o
+
+    assert _check_files(multi_opts(input=str(src), target_lang="en")) is None  # raw text: the target is enough
+    refused(lambda: _check_files(multi_opts(gen_subset="test", target_lang="en")),
+            "--source-lang: a binarized split of a multilingual data directory is one direction; give --source-lang "
+            "and --target-lang (de, en, fr)")
 
 
 def test_check_output_path(tmp_path, monkeypatch):
@@ -321,6 +387,9 @@ def test_check_output_path(tmp_path, monkeypatch):
             f"--output {src} is the same file as --input {src}; choose another output")
     refused(lambda: _check_output_path(gen(output=str(ref), input=str(src), reference=str(ref), score_reference=True)),
             f"--output {ref} is the same file as --reference {ref}; choose another output")
+    for flag in ("avoid", "prefix"):  # the rule files are inputs too
+        refused(lambda: _check_output_path(gen(output=str(ref), input=str(src), **{flag: str(ref)})),
+                f"--output {ref} is the same file as --{flag} {ref}; choose another output")
     refused(lambda: _check_output_path(gen(output=str(tmp_path / "link.pt"), paths=["other.pt", str(ckpt)])),
             f"--output {tmp_path / 'link.pt'} is the same file as --path {ckpt}; choose another output")
     # accepted: stdout, a new file, an existing file that is none of the inputs, stdin as input
@@ -365,6 +434,13 @@ def serve(**kw):
     ({"max_request_sentences": 11, "max_queue": 10}, "--max-request-sentences 11 exceeds --max-queue 10: such a request "
                                                      "could never be queued"),
     ({"search": {"beam": 17}}, "--beam 17 exceeds --max-beam 16"),
+    ({"max_connections": 0}, "--max-connections must be >= 1, got 0"),
+    ({"header_timeout": 0.0}, "--header-timeout must be in (0, 3600] seconds, got 0.0"),
+    ({"header_timeout": 3600.5}, "--header-timeout must be in (0, 3600] seconds, got 3600.5"),
+    ({"body_timeout": 0.0}, "--body-timeout must be in (0, 3600] seconds, got 0.0"),
+    ({"body_timeout": 3600.5}, "--body-timeout must be in (0, 3600] seconds, got 3600.5"),
+    ({"graceful_timeout": -0.5}, "--graceful-timeout must be in [0, 3600] seconds, got -0.5"),
+    ({"graceful_timeout": 3600.5}, "--graceful-timeout must be in [0, 3600] seconds, got 3600.5"),
 ])
 def test_serve_refusals(bad, message):
     refused(lambda: serve(**bad).validate(), message)
@@ -373,7 +449,10 @@ def test_serve_refusals(bad, message):
 def test_serve_boundaries_are_accepted():
     for ok in ({"port": 0}, {"port": 65535}, {"max_batch_sentences": 1, "max_batch_tokens": 1}, {"max_wait_ms": 0.0},
                {"max_wait_ms": 60000.0}, {"max_request_sentences": 10, "max_queue": 10}, {"search": {"beam": 16}},
-               {"max_queue": 1, "max_request_sentences": 1, "max_sentence_chars": 1, "max_beam": 4}):
+               {"max_queue": 1, "max_request_sentences": 1, "max_sentence_chars": 1, "max_beam": 4},
+               {"max_connections": 1}, {"header_timeout": 0.5, "body_timeout": 0.5},
+               {"header_timeout": 3600.0, "body_timeout": 3600.0}, {"graceful_timeout": 0.0},
+               {"graceful_timeout": 0.5}, {"graceful_timeout": 3600.0}):
         serve(**ok).validate()
 
 
@@ -393,6 +472,31 @@ def test_export_refusals():
             "bfloat16, got 'int4'")
     for q in ("float32", "int8", "bfloat16"):
         opts(quantization=q).validate()
+
+
+def test_export_file_refusals(tmp_path):
+    """--score-file (Hugging Face's model card only) and --shortlist (the runtimes with vocabulary
+    selection only), each checked before anything is read."""
+    from nmtkit.backends.export import ExportOptions
+
+    scores, shortlist = tmp_path / "bleu.json", tmp_path / "shortlist.txt"
+    scores.write_text("{}", encoding="utf-8")
+    shortlist.write_text("\tx\n", encoding="utf-8")
+
+    def opts(**kw):
+        return ExportOptions(data_dir="d", path="m.pt", output="out", **kw)
+
+    for fmt in ("ctranslate2", "onnx"):
+        refused(lambda: opts(format=fmt, score_file=str(scores)).validate(),
+                f"--score-file: the {fmt} export has no model card; drop it")
+        opts(format=fmt, shortlist=str(shortlist)).validate()
+        refused(lambda: opts(format=fmt, shortlist=str(tmp_path / "none")).validate(),
+                f"--shortlist {tmp_path / 'none'}: not found (make one with nmtkit shortlist DATA_DIR)")
+    opts(format="huggingface", score_file=str(scores)).validate()
+    refused(lambda: opts(format="huggingface", score_file=str(tmp_path / "none")).validate(),
+            f"--score-file {tmp_path / 'none'}: not found (give the output of nmtkit score)")
+    refused(lambda: opts(format="huggingface", shortlist=str(shortlist)).validate(),
+            "--shortlist: the huggingface export's runtime has no vocabulary selection; export to onnx or ctranslate2")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,6 +582,8 @@ def attention(**kw):
     ({"sources": ["x"], "query": 0}, "--query applies to --style lines (PNG)"),
     ({"sources": ["x"], "query": 0, "style": "lines", "format": "json"}, "--query applies to --style lines (PNG)"),
     ({"sources": ["x"], "query": -1, "style": "lines"}, "--query is a 0-based token position, got -1"),
+    ({"sources": ["x"], "query": "  ", "style": "lines"}, "--query takes a 0-based query token position or the "
+                                                         "token itself, got ''"),
     ({"sources": ["x"], "layer": 0}, "--layer is 1-based (1 = the lowest layer), got 0"),
     ({"sources": ["x"], "heads": "2,0,1"}, "--heads are 1-based (1 = the first head), got 0"),
     ({"sources": ["x"], "heads": "1,x"}, "--heads takes head numbers separated by commas (1-based) or 'all', got '1,x'"),
@@ -626,6 +732,8 @@ def test_cli_usage_errors_name_the_command_s_help(run_cli):
     assert r.code == 0 and "Usage: nmtkit" in r.out and "generate" in r.out and r.err == ""
     r = run_cli("generate")  # a command without its required flags is a usage error
     assert r.code == 2 and r.err == "nmtkit: error: Missing option '--path'. (see 'nmtkit generate --help')\n"
+    r = run_cli("generate", "--remove-bpe")  # one of fairseq's flags: what nmtkit does instead
+    assert (r.code, r.out, r.err) == (2, "", "nmtkit: error: --remove-bpe: nmtkit removes subwords itself; drop it\n")
 
 
 def test_cli_usage_errors_under_debug_raise(run_cli):

@@ -108,7 +108,9 @@ def check_lang_flags(manifest: dict, source_lang: str | None, target_lang: str |
     a multilingual model (the target always, the source too for a binarized `split`), else its
     own pair or nothing."""
     if multilingual(manifest) is not None:
-        check_direction(manifest, source_lang, target_lang, "--target-lang")
+        check_direction(manifest, None, target_lang, "--target-lang")
+        if source_lang is not None:  # the target is valid: what is left is the source's fault
+            check_direction(manifest, source_lang, target_lang, "--source-lang")
         if split and source_lang is None:
             raise UserError("--source-lang: a binarized split of a multilingual data directory is one direction; "
                             f"give --source-lang and --target-lang ({', '.join(manifest['multilingual']['langs'])})")
