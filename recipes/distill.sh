@@ -25,7 +25,7 @@
 #
 # Options:
 #   --smoke     CI-sized run of the same pipeline: the quickstart's --smoke model as teacher, its
-#               2000 training sentences, transformer_tiny as the student for 300 updates, 200 test
+#               2000 training sentences, transformer_tiny as the student for 300 updates, 50 test
 #               lines, on CPU. It checks the pipeline, not the models: both score near 1 BLEU.
 # Environment (each setting below can be overridden):
 #   QUICKSTART_WORK  the quickstart's work directory (default ./runs/multi30k_de_en[_smoke])
@@ -68,7 +68,7 @@ SEED=${SEED:-1}
 BEAM=${BEAM:-4}
 LENPEN=${LENPEN:-0.6}
 MAX_LEN_A=1 MAX_LEN_B=50
-TEST_LINES=${TEST_LINES:-$(s 200 1000)}
+TEST_LINES=${TEST_LINES:-$(s 50 1000)}
 DEVICE=${DEVICE:-$(s cpu auto)}
 THREADS=${THREADS:-$(s 1 "$(nproc)")}
 # ---------------------------------------------------------------------------------------------

@@ -479,7 +479,7 @@ def test_distill_smoke(tmp_path, quickstart_smoke):
     assert len(distilled) == len(_lines(qs / "raw" / "train.de.gz")) == 2000
     assert _hyps(work / "raw" / "train.en") == distilled
     teacher_hyp = _hyps(work / "results" / "teacher.fp32.b128.hyp")
-    assert len(teacher_hyp) == 200 and sum(1 for h in teacher_hyp if h.strip()) >= 100
+    assert len(teacher_hyp) == 50 and sum(1 for h in teacher_hyp if h.strip()) >= 25
     # the student reads and writes the teacher's pieces: the same dictionaries
     from nmtkit import checkpoints as ck
 
