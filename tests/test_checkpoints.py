@@ -842,3 +842,48 @@ def test_the_refusal_reason_in_the_messages_of_older_torch():
     assert ck._unpickling_reason(pickle.UnpicklingError(older + "Unsupported operand 118")) == "Unsupported operand 118"
     # nothing but advice: the exception's name
     assert ck._unpickling_reason(pickle.UnpicklingError("Weights only load failed. " + older)) == "UnpicklingError"
+
+
+# ---------------------------------------------------------------------------------------------
+# what a file is when it is no checkpoint (read before torch.load, whose message would be an opcode)
+
+
+@pytest.mark.parametrize("content,said", [
+    (b"", "an empty file, not a checkpoint"),
+    (b"de en\n", "a text file, not a checkpoint (it begins with 'de en')"),
+    (b"\n  \n\tx" + b"y" * 39 + b"\n", "a text file, not a checkpoint (it begins with 'x" + "y" * 39 + "')"),  # 40: whole
+    (b"x" * 41, "a text file, not a checkpoint (it begins with '" + "x" * 40 + "...')"),  # 41: cut at 40
+    (b" \n\t\n", "a text file, not a checkpoint"),  # blank: no first line to show
+    # a block of 4096 printable bytes is text, whatever follows it
+    (b"a" * 4096 + b"\x00\xff binary", "a text file, not a checkpoint (it begins with '" + "a" * 40 + "...')"),
+    # a character cut by the end of the 4096-byte block (here 3 of an emoji's 4 bytes) is still text
+    (b"a" * 4093 + "\U0001F600".encode(), "a text file, not a checkpoint (it begins with '" + "a" * 40 + "...')"),
+    # not text: invalid UTF-8 before the block's last 3 bytes, or in a short file, or a control character
+    (b"a" * 4092 + b"\xffabc", None),
+    (b"hello world\xff", None),
+    (b"hello\x00world", None),
+    (b"PK\x03\x04" + b"a" * 100, None),  # torch.save's zip
+    (b"\x80\x02", None),  # a legacy pickle
+], ids=["empty", "text", "first-line-of-40", "first-line-of-41", "blank", "text-block-then-binary",
+        "char-cut-by-the-block", "invalid-utf8-in-the-block", "invalid-utf8-short", "control-character", "zip",
+        "pickle"])
+def test_not_torch_file_says_what_a_file_is(tmp_path, content, said):
+    p = tmp_path / "f"
+    p.write_bytes(content)
+    assert ck._not_torch_file(p) == said
+    assert ck._not_torch_file(tmp_path / "absent") is None  # torch.load reports a missing file itself
+
+
+def test_nonfinite_entry_skips_what_cannot_hold_nan_and_reads_a_tied_tensor_once(monkeypatch):
+    nan = float("nan")
+    bad = torch.tensor([nan, 1.0, float("inf")])
+    # integer, boolean and empty tensors are skipped, not the end of the search
+    weights = {"i": torch.tensor([1, 2]), "m": torch.tensor([True]), "e": torch.empty(0), "b": bad}
+    assert ck.nonfinite_entry(weights) == ("b", 2, 3)
+    assert ck.nonfinite_entry({"one": torch.tensor([nan])}) == ("one", 1, 1)  # a single value is read too
+    reads = []
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: reads.append(t.shape) or aminmax(t))
+    tied = torch.ones(4, 3)
+    assert ck.nonfinite_entry({"emb": tied, "out": tied, "view": tied[1:], "x": torch.zeros(2)}) is None
+    assert reads == [(4, 3), (3, 3), (2,)]  # the tied entry once; a view of other rows is its own tensor

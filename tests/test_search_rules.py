@@ -410,6 +410,21 @@ def test_an_empty_ensemble_is_refused():
         search([], src_batch([[4]]), SearchConfig(beam=2))
 
 
+def test_terms_refusals_of_the_search_itself():
+    """A caller's slips with terms (the Translator never makes them): one Terms per sentence, and
+    beam search only."""
+    from nmtkit.search.config import Terms
+
+    m = FixedModel([[0.1, 0.1, 0.2, 0.2, 0.4]])
+    with pytest.raises(ValueError, match=r"^1 terms for 2 sentences$"):
+        search(m, src_batch([[4], [4, 4]]), SearchConfig(beam=2), terms=[Terms(include=((4,),))])
+    with pytest.raises(ValueError, match=r"^terms need beam search, not sampling$"):
+        search(m, src_batch([[4]]), SearchConfig(beam=2, sampling=True, seed=0), terms=[Terms(include=((4,),))])
+    # terms that ask nothing leave the search as it is, whatever their count
+    assert search(m, src_batch([[4]]), SearchConfig(beam=2), terms=[None, Terms()]) == search(
+        m, src_batch([[4]]), SearchConfig(beam=2))
+
+
 class _Hashed:
     """Next-token log-probs from a table indexed by a hash of (source, prefix), as in
     tests/test_search.py's ToyModel; the cache is functional (index_select returns a new cache

@@ -56,7 +56,7 @@ MODULES: dict[str, Module] = {
     # the fast unit tests first; the golden outputs pin the fp32 hypotheses of real models
     "search": Module(("nmtkit/search/beam.py", "nmtkit/search/config.py"),
                      ("tests/test_search_rules.py", "tests/test_search.py", "tests/test_search_golden.py",
-                      "tests/test_terms.py"),
+                      "tests/test_terms.py", "tests/test_shortlist_search.py"),
                      # config.py: the search's own rules (its settings API is the Translator's, tested there)
                      ("nmtkit.search.beam.*", "nmtkit.search.config.xǁSearchConfigǁ*",
                       "nmtkit.search.config.x_check_lenpen__*", "nmtkit.search.config.x_length_penalty__*")),
