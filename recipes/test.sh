@@ -10,5 +10,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . recipes/lib/env.sh
 nmtkit_env test
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-python -m pytest "$@"
+# Two worker processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's
+# module fixtures, such as a trained model or a recipe's smoke run, are built once), one thread
+# each: the suite's tests are mostly small and single-threaded, so two at once use both cores.
+# NMTKIT_TEST_WORKERS=0 runs everything in this one process (pdb, -s); N runs N workers.
+workers=${NMTKIT_TEST_WORKERS:-2}
+[[ $workers =~ ^[0-9]+$ ]] || { echo "NMTKIT_TEST_WORKERS must be a whole number, got '$workers'" >&2; exit 2; }
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$workers" = 0 ] && echo 2 || echo 1)}
+python -m pytest -n "$workers" --dist loadfile "$@"
