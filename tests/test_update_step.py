@@ -864,3 +864,26 @@ def test_token_counts_beyond_float32_precision_are_exact(data_dir, tmp_path):
     assert float(torch.tensor(2**24 + 1, dtype=torch.float32)) == 2**24  # what float32 would make of it
     out = t.update_step([big], 1, LoopFlags())
     assert out.ntokens == 2**24 + 1 and out.nsentences == b.nsentences
+
+
+def test_every_collective_of_an_update_names_it(data_dir, tmp_path, monkeypatch):
+    """A collective that fails says which update it was in: the step passes "update N" to each of
+    its all-reduces (the counts, then the loss sums) and to DDP's gradient all-reduce, which runs
+    only where DDP syncs (never without DDP, not in a no_sync backward)."""
+    from nmtkit.training import step as S
+
+    t = new_trainer(data_dir, tmp_path / "s", update_freq=2)
+    seen = []
+    real = S.D.all_reduce_sum
+    monkeypatch.setattr(S.D, "all_reduce_sum", lambda x, info, where="": seen.append(where) or real(x, info, where))
+    step(t, batches_of(t, 0, 2))
+    step(t, batches_of(t, 2, 2))
+    assert seen == ["update 1", "update 1", "update 2", "update 2"]
+    us = t.update_step
+    assert isinstance(us._ddp_collective("update 3"), contextlib.nullcontext)  # no DDP: nothing to catch
+    opened = []
+    monkeypatch.setattr(S.D, "collective", lambda what, info, where: opened.append((what, where)) or contextlib.nullcontext())
+    monkeypatch.setattr(us, "ddp", object())  # DDP present
+    us._ddp_collective("update 3")
+    us._ddp_collective("update 3", runs=False)  # a no_sync backward runs no collective
+    assert opened == [("DDP's gradient all-reduce", "update 3")]

@@ -69,7 +69,7 @@ MODULES: dict[str, Module] = {
         "batching of sentences for generate and the Translator, not the whole driver",
         ("docs",)),  # test_translator.py runs docs/api.md's example
     "trainer-step": Module(
-        ("nmtkit/training/step.py",), ("tests/test_update_step.py", "tests/test_train.py"), (),
+        ("nmtkit/training/step.py",), ("tests/test_update_step.py", "tests/test_host_syncs.py", "tests/test_train.py"), (),
         "the update step (training/step.py: UpdateStep, total_norm)"),
     "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py", "tests/test_batch_plan.py", "tests/test_padding.py")),
     "dictionary": Module(("nmtkit/data/dictionary.py",), ("tests/test_dictionary.py",)),
