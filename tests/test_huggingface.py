@@ -771,6 +771,9 @@ def _float8(sd: dict) -> None:
     ("model.safetensors", lambda f: _weights_with(f, lambda sd: sd.update({"a\nb": torch.zeros(1)})),
      "opus: weight 'a\\nb' has no place in nmtkit's post-norm Transformer"),
     ("config.json", lambda f: _config_with(f, dropout=[]), "config.json: dropout must be a number, got []"),
+    # a d_model other than the weights' (an IndexError in the mapping's permutation)
+    ("config.json", lambda f: _config_with(f, d_model=64, encoder_ffn_dim=64, decoder_ffn_dim=64),
+     "the source embeddings have 32 columns, but config.json's d_model is 64"),
 ])
 def test_what_the_properties_found_is_refused_in_one_line(fuzz_folder, name, content, message):
     path = fuzz_folder / "opus" / name

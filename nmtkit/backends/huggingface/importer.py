@@ -287,6 +287,9 @@ def _embeddings(f: Folder, orders) -> dict[str, torch.Tensor]:
         if t.dim() != 2 or t.shape[0] != len(set(order)):
             raise UserError(f"{where}: the {name} embeddings have shape {tuple(t.shape)}, but the vocabulary "
                             f"{len(set(order))} ids")
+        if t.shape[1] != f.config.get("d_model"):  # every weight is mapped through a d_model permutation
+            raise UserError(f"{where}: the {name} embeddings have {t.shape[1]} columns, but config.json's d_model "
+                            f"is {f.config.get('d_model')}")
     return {"src": src[orders[0]], "tgt": tgt[orders[1]], "out": out[orders[1]]}
 
 
