@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from nmtkit.generation.forced import (
+from nmtkit.forced import (
     Attention,
     PairScore,
     hard_alignment,

@@ -82,7 +82,7 @@ def test_generate_on_an_export_imports_only_its_own_command(export, tmp_path):
     assert RUNTIMES[fmt] in mods  # the engine was loaded: this is a real run, not a parse error
     assert {m for m in mods if m.startswith("nmtkit.cli.")} == {
         "nmtkit.cli.app", "nmtkit.cli.coercion", "nmtkit.cli.generate", "nmtkit.cli.options"}
-    unwanted = {"pydantic", "rich", "torch", "nmtkit.generation.forced", "nmtkit.generation.inspection",
+    unwanted = {"pydantic", "rich", "torch", "nmtkit.forced", "nmtkit.generation.inspection",
                 "nmtkit.outputs", "nmtkit.cli.fairseq_flags", "nmtkit.data.shards"}  # raw text: no shard reader
     if _vendored_click():
         unwanted.add("click")

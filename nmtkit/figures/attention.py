@@ -2,7 +2,7 @@
 
 Beside `curves.py` (training curves): both are matplotlib figures written atomically, and
 matplotlib is the optional `plot` extra, imported only when a figure is drawn. The arrays
-come from `nmtkit.generation.forced.Attention`; this module knows no model.
+come from `nmtkit.forced.Attention`; this module knows no model.
 
 The paper's appendix (Figures 3-5) shows single heads of encoder self-attention in layer 5 of 6
 as a weight per (query, key) word pair; here each head is a heatmap of its weights (rows: the

@@ -159,7 +159,7 @@ class GenerateOptions:
     def _validate_inspection(self) -> None:
         """The rules of --print-alignment, --alignment-layer, --score-reference and --reference."""
         if self.print_alignment is not None:
-            from nmtkit.generation.forced import ALIGNMENT_LEVELS
+            from nmtkit.forced import ALIGNMENT_LEVELS
 
             if self.print_alignment not in ALIGNMENT_LEVELS:
                 raise UserError(f"--print-alignment must be subword (the default when given alone) or words, "

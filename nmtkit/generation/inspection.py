@@ -25,7 +25,7 @@ from nmtkit.backends.registry import ModelSource, describe
 from nmtkit.data.languages import check_direction, split_name
 from nmtkit.device import PRECISION_NAMES
 from nmtkit.errors import UserError
-from nmtkit.generation.forced import Attention, piece_text
+from nmtkit.forced import Attention, piece_text
 from nmtkit.models.transformer import ATTENTION_KINDS
 from nmtkit.search.config import SearchConfig
 from nmtkit.settings import group, setting

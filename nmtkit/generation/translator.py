@@ -52,7 +52,7 @@ from nmtkit.search.config import (DECODING_PRESETS, Hypothesis, SearchConfig, Te
                                   default_search, output_limit)
 
 if TYPE_CHECKING:  # imported where used: translating needs none of forced decoding
-    from nmtkit.generation import forced
+    from nmtkit import forced
 
 
 def check_text(text: str, where: str) -> None:
@@ -487,7 +487,7 @@ class Translator:
             for it, hyps in self._run(sentences, search_settings, terms, target_lang)
         ]
 
-    # -- given targets: scores, attention weights, alignments (nmtkit.generation.forced)
+    # -- given targets: scores, attention weights, alignments (nmtkit.forced)
 
     def target_ids(self, text: str, where: str) -> np.ndarray:
         """Target dictionary ids of one raw target sentence (segmented with the target subword
@@ -545,7 +545,7 @@ class Translator:
         """(batch, its scores, its alignments) for each batch of `score_items`, as each is scored
         (the alignments {} without `alignment_layer`). Every check is made before the first pass."""
         self._needs_forced("scoring given translations")
-        from nmtkit.generation import forced
+        from nmtkit import forced
 
         cfg = self.search_config()
         layer = None if alignment_layer is None else self._layer(alignment_layer)
@@ -570,7 +570,7 @@ class Translator:
         results), from the head-averaged cross-attention of decoder `layer` (0-based, -1 = the
         last, as fairseq), averaged over an ensemble's models: one teacher-forced pass per batch.
         `words`: pairs of words instead (`word_alignment`)."""
-        from nmtkit.generation import forced
+        from nmtkit import forced
 
         self._needs_forced("alignments")
         layer = self._layer(layer)
@@ -608,7 +608,7 @@ class Translator:
         if self.task == "parsing":
             raise UserError("--print-alignment words: a parsing model's output is a tree, not words; "
                             "use --print-alignment (subword)")
-        from nmtkit.generation import forced
+        from nmtkit import forced
 
         src_pieces = self.source_pieces(item)[item.lead:]  # alignments count the sentence's own tokens
         tgt_pieces = [self.tgt_dict[int(i)] for i in target_tokens]
@@ -641,7 +641,7 @@ class Translator:
                 raise UserError(f"source {it.index + 1}: empty source sentence (every pair needs a source and a target)")
             it.target_ids = self.target_ids(tgt, f"target {it.index + 1}")
         scores, _ = self.score_items(items)
-        from nmtkit.generation import forced
+        from nmtkit import forced
 
         out = []
         for it in items:
@@ -653,7 +653,7 @@ class Translator:
                   **search_settings) -> forced.Attention:
         """Every attention weight of the model for `src` and a target: `tgt` (raw text) when given,
         else the model's own best translation (search settings as in `translate`, overridable
-        here). One model only (load one checkpoint). See `nmtkit.generation.forced.Attention`:
+        here). One model only (load one checkpoint). See `nmtkit.forced.Attention`:
         per-layer, per-head arrays with the token strings; `.words()` merges subwords."""
         self._needs_forced("attention")
         if not isinstance(src, str) or (tgt is not None and not isinstance(tgt, str)):
@@ -680,7 +680,7 @@ class Translator:
         return self._attention_of(item, tokens, given=tgt is not None or item.target_ids is not None)
 
     def _attention_of(self, item: Item, tokens: list[int], given: bool) -> forced.Attention:
-        from nmtkit.generation import forced
+        from nmtkit import forced
 
         t = self.tgt_dict
         lp, w = self.engine.attention(item.ids, tokens)

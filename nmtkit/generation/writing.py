@@ -32,7 +32,7 @@ def _formatted(alignments: list[list[tuple[int, int]]] | None) -> list[str]:
     imported only by a run that asked for alignments."""
     if not alignments:
         return []
-    from nmtkit.generation.forced import format_alignment
+    from nmtkit.forced import format_alignment
 
     return [format_alignment(a) for a in alignments]
 

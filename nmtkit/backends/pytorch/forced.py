@@ -1,5 +1,5 @@
 """Teacher-forced passes of nmtkit's own models: the token log-probabilities and cross-attention
-of given targets (`nmtkit.generation.forced` explains what they serve and the conventions).
+of given targets (`nmtkit.forced` explains what they serve and the conventions).
 
 Why a pass of its own, beside the search: the search's incremental decoder runs on SDPA, which
 never exposes the attention weights, and it only scores what it finds. One forward pass over a
