@@ -851,6 +851,61 @@ def test_a_lost_peer_in_ddps_backward_is_a_collective_failure_naming_the_update(
                             "its connection (see that rank's own message)")
 
 
+def test_a_lost_peer_in_ddps_forward_is_a_collective_failure_naming_the_update(data_dir, tmp_path, monkeypatch):
+    """DDP's forward runs a collective too (after the first sync it broadcasts rank 0's order of
+    the gradient buckets): a peer lost there is the same one line, naming the update."""
+    from nmtkit.training import distributed as D
+    from nmtkit.training.stopping import LoopFlags
+
+    def peer_gone(*args, **kwargs):
+        raise RuntimeError("[gloo/pair.cc:553] Connection reset by peer [127.0.0.1]:29500")
+
+    t = new_trainer(data_dir, tmp_path / "f", update_freq=2)
+    with ddp_step_of_rank_1_of_2(t) as s, pytest.raises(D.CollectiveFailed) as e:
+        monkeypatch.setattr(s.forward_model, "forward", peer_gone)
+        s(batches_of(t, 0, 2), 5, LoopFlags())
+    assert str(e.value) == ("rank 1 of 2: DDP's gradient all-reduce (update 5) failed because rank 0 exited or lost "
+                            "its connection (see that rank's own message)")
+
+
+def test_an_error_in_a_backward_under_no_sync_keeps_its_own_message(data_dir, tmp_path, monkeypatch):
+    """Before the last micro-batch DDP's backward runs under no_sync, with no collective: an error
+    there whose text mentions a timeout is the error it is, not a rank that stopped answering;
+    the same error in the last (syncing) backward is read as the all-reduce's."""
+    from nmtkit.training import distributed as D
+    from nmtkit.training import step as S
+    from nmtkit.training.stopping import LoopFlags
+
+    class FailsBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("Timed out waiting for the gradient kernel")
+
+    real = S.fused_label_smoothed_cross_entropy
+
+    def loss_failing_backward_at(n):
+        calls = []
+
+        def loss(*args, **kwargs):
+            out = real(*args, **kwargs)
+            calls.append(1)
+            return (FailsBackward.apply(out[0]), *out[1:]) if len(calls) == n else out
+        return loss
+
+    t = new_trainer(data_dir, tmp_path / "n", update_freq=2)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", loss_failing_backward_at(1))
+    with ddp_step_of_rank_1_of_2(t) as s, pytest.raises(RuntimeError, match="Timed out waiting for the gradient") as e:
+        s(batches_of(t, 0, 2), 4, LoopFlags())
+    assert not isinstance(e.value, D.CollectiveFailed)
+    monkeypatch.setattr(S, "fused_label_smoothed_cross_entropy", loss_failing_backward_at(2))
+    with ddp_step_of_rank_1_of_2(t) as s, pytest.raises(D.CollectiveFailed, match=r"\(update 4\)"):
+        s(batches_of(t, 0, 2), 4, LoopFlags())
+
+
 def test_token_counts_beyond_float32_precision_are_exact(data_dir, tmp_path):
     """The counts travel in a float64 tensor (for the all-reduce): 2^24 + 1 tokens, which float32
     would round to 2^24, are reported exactly."""
