@@ -162,3 +162,45 @@ def test_training_logs_each_epochs_padding_once(tmp_path_factory):
 def test_the_console_line_of_the_padding():
     p = Padding(src_tokens=90, tgt_tokens=95, src_slots=100, tgt_slots=100)
     assert T.padding_text(p) == "padding 7.5% of the token slots (source 10.0%, target 5.0%)"
+
+
+def _padding_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / "bench" / "padding.py"
+    spec = importlib.util.spec_from_file_location("padding_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_benchs_best_cuts_equal_a_brute_force_over_every_cutting(seed):
+    """recipes/bench/padding.py --best-cuts (the docs' figure of what any cutting of the plan's
+    order could reach) finds the cheapest cutting: every one of 2^(n-1) cuttings of 11 pairs,
+    each batch within max_tokens, weighed as padding slots + price x batches."""
+    import itertools
+
+    bench = _padding_bench()
+    g = np.random.default_rng(seed)
+    src, tgt = g.integers(1, 9, 11), g.integers(1, 9, 11)  # with </s>
+    max_tokens, price = 30, float(g.integers(0, 12))
+    best = None
+    for mask in itertools.product((0, 1), repeat=len(src) - 1):
+        ends = [i + 1 for i, m in enumerate(mask) if m] + [len(src)]
+        starts = [0] + ends[:-1]
+        if any((b - a) * max(src[a:b].max(), tgt[a:b].max()) > max_tokens for a, b in zip(starts, ends)):
+            continue
+        value = sum((b - a) * (src[a:b].max() + tgt[a:b].max()) - src[a:b].sum() - tgt[a:b].sum() + price
+                    for a, b in zip(starts, ends))
+        best = value if best is None else min(best, value)
+    ends = bench.cuts(src, tgt, max_tokens, price)
+    starts = [0] + ends[:-1]
+    assert all((b - a) * max(src[a:b].max(), tgt[a:b].max()) <= max_tokens for a, b in zip(starts, ends))
+    got = sum((b - a) * (src[a:b].max() + tgt[a:b].max()) - src[a:b].sum() - tgt[a:b].sum() + price
+              for a, b in zip(starts, ends))
+    assert got == pytest.approx(best)
+    pad, _ = bench.cut_padding(src, tgt, ends)
+    slots = sum((b - a) * (src[a:b].max() + tgt[a:b].max()) for a, b in zip(starts, ends))
+    assert pad == pytest.approx(1 - (src.sum() + tgt.sum()) / slots)

@@ -10,6 +10,12 @@ the train log's `padding`): batches, the padding fraction of source and target s
 per side, and the floor that rounding the widths alone would leave (every pair padded only up to
 its own rounded length). It builds the plan twice and says whether the batches are the same.
 
+--best-cuts (at most 200,000 pairs) asks how much better any cutting of the plan's own order could
+do: every cut of the pairs sorted as the plan sorts them (cost length, then target, then source) is
+weighed by dynamic programming, the padding slots plus a price per batch, each batch within
+--max-tokens, and the price is searched until the cuts give the plan's number of batches; then
+until they give at most 5% padding, with how many batches (and so how few tokens each) that takes.
+
 --data-dir reads the `train` split of a bilingual data directory (nmtkit preprocess). --synthetic N
 draws N pairs of a WMT-like length distribution: target lengths log-normal with mean 27 and standard
 deviation 15 subword tokens (--mean, --sd), source lengths the target's times exp(e), e normal with
@@ -56,7 +62,8 @@ def rounding_floor(src: np.ndarray, tgt: np.ndarray, m: int) -> float:
     return 1.0 - tokens / (rounded(src + 1).sum() + rounded(tgt + 1).sum())
 
 
-def report(name: str, src, tgt, max_tokens: int, seed: int) -> None:
+def report(name: str, src, tgt, max_tokens: int, seed: int) -> int:
+    """Print the plan's figures; -> its number of batches at pad multiple 1."""
     s, t = np.asarray(src.sizes, np.int64), np.asarray(tgt.sizes, np.int64)
     print(f"{name}: {len(s)} pairs, mean length source {s.mean():.2f}, target {t.mean():.2f} "
           f"(sd {s.std():.2f}, {t.std():.2f}); --max-tokens {max_tokens}, --seed {seed}")
@@ -70,6 +77,70 @@ def report(name: str, src, tgt, max_tokens: int, seed: int) -> None:
         print(f"  pad multiple {m}: {len(plan)} batches, padding {p['fraction']:.2%} "
               f"(source {p['source']:.2%}, target {p['target']:.2%}); rounding floor "
               f"{rounding_floor(s, t, m):.2%}; same batches when rebuilt: {same}; plan {seconds:.1f} s")
+        if m == 1:
+            batches = len(plan)
+    return batches
+
+
+def cuts(src: np.ndarray, tgt: np.ndarray, max_tokens: int, price: float) -> list[int]:
+    """The batch ends (exclusive) that minimise padding slots + price x batches over pairs in this
+    order (src, tgt: (n,) sizes with the collated </s>), each batch costing at most max_tokens."""
+    n = len(src)
+    cost = np.maximum(src, tgt)
+    widest = max_tokens // int(cost.min())  # no batch holds more pairs than this
+    tokens = np.concatenate([[0], np.cumsum(src + tgt)])  # (n + 1,)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    back = np.zeros(n + 1, np.int64)
+    for i in range(1, n + 1):
+        j0 = max(0, i - widest)
+        ws = np.maximum.accumulate(src[j0:i][::-1])[::-1]  # (i - j0,) width of the batch [j, i) per start j
+        wt = np.maximum.accumulate(tgt[j0:i][::-1])[::-1]
+        count = i - np.arange(j0, i)
+        slots = count * (ws + wt)
+        value = np.where(count * np.maximum(ws, wt) <= max_tokens,
+                         best[j0:i] + slots - (tokens[i] - tokens[j0:i]) + price, np.inf)
+        k = int(np.argmin(value))
+        best[i], back[i] = value[k], j0 + k
+    ends, i = [], n
+    while i > 0:
+        ends.append(i)
+        i = int(back[i])
+    return ends[::-1]
+
+
+def cut_padding(src: np.ndarray, tgt: np.ndarray, ends: list[int]) -> tuple[float, float]:
+    """(padding fraction, mean tokens per batch incl. padding as --max-tokens counts them) of these cuts."""
+    starts = np.array([0] + ends[:-1])
+    n = np.diff(np.append(starts, len(src)))
+    ws, wt = np.maximum.reduceat(src, starts), np.maximum.reduceat(tgt, starts)
+    return 1.0 - (src.sum() + tgt.sum()) / (n * (ws + wt)).sum(), float((n * np.maximum(ws, wt)).mean())
+
+
+def best_cuts(s: np.ndarray, t: np.ndarray, max_tokens: int, batches: int) -> None:
+    """Print the best cuts of the plan's order: at its number of batches, and at 5% padding."""
+    src, tgt = s + 1, t + 1
+    order = np.lexsort((src, tgt, np.maximum(src, tgt)))
+    src, tgt = src[order], tgt[order]
+
+    def search(fits) -> list[int]:  # the largest price (fewest batches) whose cuts fit
+        lo, hi, found = 0.0, float(max_tokens) * 4, None
+        for _ in range(16):
+            price = (lo + hi) / 2
+            ends = cuts(src, tgt, max_tokens, price)
+            if fits(ends):
+                lo, found = price, ends
+            else:
+                hi = price
+        return found if found is not None else cuts(src, tgt, max_tokens, 0.0)
+
+    same = search(lambda e: len(e) <= batches)
+    pad, mean = cut_padding(src, tgt, same)
+    print(f"  best cuts of the same order: {len(same)} batches, padding {pad:.2%} "
+          f"(mean {mean:,.0f} tokens per batch)")
+    five = search(lambda e: cut_padding(src, tgt, e)[0] <= 0.05)
+    pad, mean = cut_padding(src, tgt, five)
+    print(f"  at most 5% padding: {len(five)} batches, padding {pad:.2%} (mean {mean:,.0f} tokens per batch)")
 
 
 def main() -> int:
@@ -83,6 +154,8 @@ def main() -> int:
     ap.add_argument("--sd", type=float, default=15.0)
     ap.add_argument("--ratio-sd", type=float, default=0.169)
     ap.add_argument("--cap", type=int, default=250)
+    ap.add_argument("--best-cuts", action="store_true",
+                    help="also the best cutting of the plan's order (dynamic programming; at most 200,000 pairs)")
     a = ap.parse_args()
     if a.data_dir:
         from nmtkit.data.manifest import load_manifest
@@ -95,7 +168,13 @@ def main() -> int:
     else:
         src, tgt = synthetic(a.synthetic, a.mean, a.sd, a.ratio_sd, a.cap, a.seed)
         name = f"synthetic WMT-like (mean {a.mean:g}, sd {a.sd:g}, ratio sd {a.ratio_sd:g}, cap {a.cap})"
-    report(name, src, tgt, a.max_tokens, a.seed)
+    if a.best_cuts and len(src) > 200_000:
+        print(f"--best-cuts: {len(src):,} pairs; it weighs every cut, which takes too long above 200,000",
+              file=sys.stderr)
+        return 2
+    batches = report(name, src, tgt, a.max_tokens, a.seed)
+    if a.best_cuts:
+        best_cuts(np.asarray(src.sizes, np.int64), np.asarray(tgt.sizes, np.int64), a.max_tokens, batches)
     return 0
 
 
