@@ -181,6 +181,18 @@ class UpdateStep:
             nll_acc += nll.detach().double()
         return torch.stack([loss_acc, nll_acc])
 
+    def pass_through(self, model: torch.nn.Module, batch) -> None:
+        """One forward and backward of `batch` through `model` (the eager or the compiled form of
+        the step's model) as an update runs it, its gradients left in .grad for the caller to
+        drop: what `--compile`'s probe (training/compiled.py) times. Nothing else changes."""
+        kept = self.forward_model
+        self.forward_model = model
+        try:
+            ntokens = torch.full((), max(batch.ntokens, 1), dtype=torch.float64, device=self.device)
+            self._backward([batch], scale=1.0 / ntokens, where="the --compile probe")
+        finally:
+            self.forward_model = kept
+
     def _ddp_collective(self, where: str, runs: bool = True):
         """Around a DDP call that runs collectives (`runs`): the syncing backward all-reduces the
         gradients, and the forward after the first sync broadcasts rank 0's order of the gradient

@@ -45,6 +45,7 @@ from nmtkit.device import resolve_device
 from nmtkit.errors import UserError
 from nmtkit.training import checkpoint_state
 from nmtkit.training import distributed as D
+from nmtkit.training.compiled import probe, use_cache_folder
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.ema import EMA
 from nmtkit.training.loss import bits_per_token
@@ -291,6 +292,8 @@ class Trainer:
         from nmtkit.models.loading import build_model
 
         cfg, info = self.cfg, self.info
+        # before the optimizer: building one imports torch._dynamo, which fixes the cache folder
+        self._compile_cache = use_cache_folder() if cfg.compile else None
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
@@ -342,9 +345,24 @@ class Trainer:
                 ddp = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                           broadcast_buffers=False)
             fwd = ddp
+        self._eager_forward = None
         if self.cfg.compile:
+            self._eager_forward = fwd  # for the probe before the first update (_probe_compile)
             fwd = torch.compile(fwd, dynamic=True)
         return fwd, ddp
+
+    def _probe_compile(self, batches: list) -> None:
+        """With --compile, before this process's first update: compile on its first batch and time
+        a pass eager and compiled (training/compiled.py); one line and a `compile` log record."""
+        if self._eager_forward is None:
+            return
+        step = self.update_step
+        report = probe(lambda model: step.pass_through(model, batches[0]), self._eager_forward, step.forward_model,
+                       self.device, step.params, self._compile_cache)
+        self._eager_forward = None
+        if self.info.is_main:
+            self.log.write({"type": "compile", "update": self.state.update, **report.record()})
+            self.progress.line(report.line(), style="yellow" if report.speedup < 1.0 else None)
 
     def _make_iterators(self) -> None:
         cfg, a = self.cfg, self.arch_cfg
@@ -678,6 +696,7 @@ class Trainer:
             first = False
             updates, ooms = st.update, st.oom_skips
             for group, collated in self._groups(batches, st.batch_offset):
+                self._probe_compile(collated)
                 out = self._train_step(collated)
                 st.batch_offset += len(group)
                 if not self.info.enabled:  # one process: act on the newest state (no need to agree with others)

@@ -1,0 +1,112 @@
+"""`nmtkit train --compile`: where torch.compile keeps what it builds, and what it gained.
+
+Why a module of its own: `torch.compile` fuses the step's element-wise work (layer norms,
+dropout, residual adds, softmax) into generated kernels, which can make an update faster, but
+its cold compilation takes minutes and is paid again by every process unless its cache
+survives. Two things make the flag something a user can decide on:
+
+- The cache folder. Inductor keeps compiled graphs in `TORCHINDUCTOR_CACHE_DIR`, by default a
+  folder under /tmp, which a reboot or a /tmp cleaner empties. Training points it at the user's
+  cache folder (`$XDG_CACHE_HOME/nmtkit/torch-compile`, else `~/.cache/nmtkit/torch-compile`)
+  unless the variable is set, so that a later run of the same model starts from the cache.
+- The probe. Before the first update of a process, one forward and backward pass of the first
+  batch runs through the eager model and through the compiled one (the first compiled pass
+  compiles), each timed; the line it prints says what compiling cost and how fast a compiled
+  pass is against an eager one on this machine. The passes' gradients are dropped and the random
+  number generators restored, so training continues exactly as without the probe (a resumed
+  run stays bit-identical to one never stopped).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def cache_folder() -> Path:
+    """The user's cache folder for compiled graphs (XDG's cache home, else ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "nmtkit" / "torch-compile"
+
+
+def use_cache_folder() -> Path:
+    """Point inductor's cache at `cache_folder()` unless the user chose one; -> the folder used.
+    Call it before anything imports torch._dynamo (building an optimizer does): that import sets
+    the variable to torch's default under /tmp."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen:
+        return Path(chosen)
+    folder = cache_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[CACHE_ENV] = str(folder)
+    return folder
+
+
+@dataclass(frozen=True)
+class CompileProbe:
+    """Seconds of one forward and backward pass of the same batch: eager (the faster of two,
+    after one to warm up), the first compiled pass (compiling included) and a compiled one after
+    it (the faster of two)."""
+
+    eager_s: float
+    first_s: float
+    compiled_s: float
+    folder: Path
+
+    @property
+    def cold_s(self) -> float:
+        """What compiling cost: the first compiled pass beyond a compiled pass's time."""
+        return max(self.first_s - self.compiled_s, 0.0)
+
+    @property
+    def speedup(self) -> float:
+        """Compiled passes per eager pass in the same time (> 1: compiling pays on this machine)."""
+        return self.eager_s / self.compiled_s if self.compiled_s > 0 else float("inf")
+
+    def line(self) -> str:
+        text = (f"--compile: compiling took {self.cold_s:.1f} s (cache: {self.folder}; a later run of the same model "
+                f"starts from it); a forward and backward pass of the first batch takes {self.compiled_s * 1000:.0f} ms "
+                f"compiled against {self.eager_s * 1000:.0f} ms eager: {self.speedup:.2f}x")
+        if self.speedup < 1.0:
+            text += "; slower than eager here, so leave --compile off on this machine"
+        return text
+
+    def record(self) -> dict:
+        """The train log's `compile` record (seconds)."""
+        return {"cold_s": round(self.cold_s, 3), "eager_pass_s": round(self.eager_s, 5),
+                "compiled_pass_s": round(self.compiled_s, 5), "speedup": round(self.speedup, 4),
+                "cache": str(self.folder)}
+
+
+def probe(run_pass: Callable[[torch.nn.Module], None], eager: torch.nn.Module, compiled: torch.nn.Module,
+          device: torch.device, params: list[torch.nn.Parameter], folder: Path) -> CompileProbe:
+    """Time `run_pass` (one forward and backward of a fixed batch through the model given) on the
+    eager and the compiled model, leaving no trace: gradients dropped, RNG states restored."""
+    def timed(model: torch.nn.Module) -> float:
+        sync()
+        t0 = time.perf_counter()
+        run_pass(model)
+        sync()
+        seconds = time.perf_counter() - t0
+        for p in params:
+            p.grad = None
+        return seconds
+
+    def sync() -> None:  # the device's queue drained, so that the clock sees the pass
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, device_type=device.type):
+        timed(eager)  # warm-up: the first eager pass allocates and picks kernels
+        eager_s = min(timed(eager), timed(eager))
+        first_s = timed(compiled)
+        compiled_s = min(timed(compiled), timed(compiled))
+    return CompileProbe(eager_s, first_s, compiled_s, folder)
