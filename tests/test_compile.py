@@ -4,6 +4,7 @@ leaves no trace, so that training goes on exactly as without it."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,18 +37,39 @@ def trainer(data_dir, save_dir) -> T.Trainer:
 
 
 def test_compiled_graphs_go_to_the_users_cache_folder_unless_one_is_chosen(tmp_path, monkeypatch):
-    monkeypatch.delenv(C.CACHE_ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert C.use_cache_folder() == tmp_path / "xdg" / "nmtkit" / "torch-compile"
-    assert (tmp_path / "xdg" / "nmtkit" / "torch-compile").is_dir()
     import os
 
-    assert os.environ[C.CACHE_ENV] == str(tmp_path / "xdg" / "nmtkit" / "torch-compile")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(C.CACHE_ENV, "restored-after-the-test")
+    monkeypatch.delenv(C.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = tmp_path / "xdg" / "nmtkit" / "torch-compile"
+    assert C.use_cache_folder() == (folder, None) and folder.is_dir()
+    assert os.environ[C.CACHE_ENV] == str(folder)
+    monkeypatch.setenv(C.CACHE_ENV, default_cache_dir())  # what importing torch._dynamo sets: not a choice
+    assert C.use_cache_folder() == (folder, None) and os.environ[C.CACHE_ENV] == str(folder)
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert C.cache_folder() == tmp_path / "home" / ".cache" / "nmtkit" / "torch-compile"
     monkeypatch.setenv(C.CACHE_ENV, str(tmp_path / "mine"))  # the user's choice stands, untouched
-    assert C.use_cache_folder() == tmp_path / "mine" and not (tmp_path / "mine").exists()
+    assert C.use_cache_folder() == (tmp_path / "mine", None) and not (tmp_path / "mine").exists()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(C.CACHE_ENV, "rel")
+    assert C.use_cache_folder() == (tmp_path / "rel", None)  # said as the absolute folder torch uses
+
+
+def test_a_cache_folder_that_cannot_be_made_leaves_torchs_default_with_a_note(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(C.CACHE_ENV, "restored-after-the-test")
+    monkeypatch.delenv(C.CACHE_ENV)
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    folder, note = C.use_cache_folder()
+    assert folder == Path(default_cache_dir())
+    assert note.startswith(f"--compile: cannot make the cache folder {tmp_path / 'file' / 'nmtkit' / 'torch-compile'} (")
+    assert C.CACHE_ENV not in __import__("os").environ
 
 
 def test_the_probes_figures_and_its_line():
@@ -109,6 +131,44 @@ def test_the_probe_leaves_training_exactly_as_without_it(data_dir, tmp_path):
         assert torch.equal(pa, pb)
 
 
+def test_a_model_that_fails_to_compile_is_one_line(data_dir, tmp_path, monkeypatch):
+    """A compilation error (no C++ compiler, an operator inductor cannot lower) stops training with
+    one line that names it and the way out, and the probe's gradients are gone; running out of
+    memory in the probe only costs its figures (the first update then meets it and is skipped)."""
+    from nmtkit.errors import UserError
+
+    t = trainer(data_dir, tmp_path / "f")
+    batch = collate(t.train_src, t.train_tgt, t.train_batches.batches(1)[0])
+    t._eager_forward = t.update_step.forward_model
+
+    class Broken(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("InductorError: CppCompileError: C++ compile error\nlong compiler output")
+
+    t.update_step.forward_model = Broken()
+    t._compile_cache, t._compile_note = tmp_path, None
+    with pytest.raises(UserError) as e:
+        t._probe_compile([batch])
+    assert str(e.value) == ("--compile: torch.compile failed (RuntimeError: InductorError: CppCompileError: C++ compile "
+                            "error); train without --compile")
+    assert all(p.grad is None for p in t.update_step.params)
+
+    class OutOfMemory(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    t._eager_forward = t.objs.model
+    t.update_step.forward_model = OutOfMemory()
+    lines = []
+    monkeypatch.setattr(t, "progress", type("P", (), {"line": lambda self, text, style=None: lines.append(text)})(),
+                        raising=False)
+    t._probe_compile([batch])
+    assert lines == ["--compile: out of memory while timing the first batch; no figures"]
+    assert all(p.grad is None for p in t.update_step.params)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler")
 def test_train_with_compile_probes_once_and_keeps_the_cache(data_dir, tmp_path):
     """A real `nmtkit train --compile` in a process of its own (a one-layer tiny model, three
     updates): one `compile` record and one line, the graphs in the user's cache folder (not the

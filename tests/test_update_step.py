@@ -853,7 +853,7 @@ def test_a_lost_peer_in_ddps_backward_is_a_collective_failure_naming_the_update(
 
 def test_a_lost_peer_in_ddps_forward_is_a_collective_failure_naming_the_update(data_dir, tmp_path, monkeypatch):
     """DDP's forward runs a collective too (after the first sync it broadcasts rank 0's order of
-    the gradient buckets): a peer lost there is the same one line, naming the update."""
+    the gradient buckets): a peer lost there is one line naming that broadcast and the update."""
     from nmtkit.training import distributed as D
     from nmtkit.training.stopping import LoopFlags
 
@@ -864,8 +864,8 @@ def test_a_lost_peer_in_ddps_forward_is_a_collective_failure_naming_the_update(d
     with ddp_step_of_rank_1_of_2(t) as s, pytest.raises(D.CollectiveFailed) as e:
         monkeypatch.setattr(s.forward_model, "forward", peer_gone)
         s(batches_of(t, 0, 2), 5, LoopFlags())
-    assert str(e.value) == ("rank 1 of 2: DDP's gradient all-reduce (update 5) failed because rank 0 exited or lost "
-                            "its connection (see that rank's own message)")
+    assert str(e.value) == ("rank 1 of 2: DDP's broadcast of the gradient buckets' order (update 5) failed because "
+                            "rank 0 exited or lost its connection (see that rank's own message)")
 
 
 def test_an_error_in_a_backward_under_no_sync_keeps_its_own_message(data_dir, tmp_path, monkeypatch):

@@ -36,17 +36,33 @@ def cache_folder() -> Path:
     return Path(base) / "nmtkit" / "torch-compile"
 
 
-def use_cache_folder() -> Path:
-    """Point inductor's cache at `cache_folder()` unless the user chose one; -> the folder used.
-    Call it before anything imports torch._dynamo (building an optimizer does): that import sets
-    the variable to torch's default under /tmp."""
+def use_cache_folder() -> tuple[Path, str | None]:
+    """Point inductor's cache at `cache_folder()` unless the user chose one; -> (the folder used,
+    a note for the user or None). torch sets the variable to its own default under /tmp when
+    torch._dynamo is first imported (building an optimizer does), so that value counts as unset;
+    inductor reads the variable each time it looks for its cache, so setting it late still works.
+    A cache folder that cannot be made leaves torch's default, with a note."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     chosen = os.environ.get(CACHE_ENV)
-    if chosen:
-        return Path(chosen)
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return Path(os.path.abspath(chosen)), None
     folder = cache_folder()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return Path(default_cache_dir()), (f"--compile: cannot make the cache folder {folder} ({e.strerror}); "
+                                           f"compiled graphs go to torch's default, {default_cache_dir()}")
     os.environ[CACHE_ENV] = str(folder)
-    return folder
+    return folder, None
+
+
+class CompileFailed(Exception):
+    """torch.compile could not compile or run the model (`cause`: its error)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -89,7 +105,7 @@ def probe(run_pass: Callable[[torch.nn.Module], None], eager: torch.nn.Module, c
           device: torch.device, params: list[torch.nn.Parameter], folder: Path) -> CompileProbe:
     """Time `run_pass` (one forward and backward of a fixed batch through the model given) on the
     eager and the compiled model, leaving no trace: gradients dropped, RNG states restored."""
-    def timed(model: torch.nn.Module) -> float:
+    def timed(model: torch.nn.Module) -> float:  # an error leaves gradients behind: dropped by the caller
         sync()
         t0 = time.perf_counter()
         run_pass(model)
@@ -102,11 +118,18 @@ def probe(run_pass: Callable[[torch.nn.Module], None], eager: torch.nn.Module, c
     def sync() -> None:  # the device's queue drained, so that the clock sees the pass
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        elif device.type == "mps":
+            torch.mps.synchronize()
 
-    cuda = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda, device_type=device.type):
+    accelerator = [] if device.type == "cpu" else [device]  # its generator restored too (CUDA, MPS)
+    with torch.random.fork_rng(devices=accelerator, device_type=device.type):
         timed(eager)  # warm-up: the first eager pass allocates and picks kernels
         eager_s = min(timed(eager), timed(eager))
-        first_s = timed(compiled)
-        compiled_s = min(timed(compiled), timed(compiled))
+        try:
+            first_s = timed(compiled)
+            compiled_s = min(timed(compiled), timed(compiled))
+        except Exception as e:  # noqa: BLE001 - the caller tells out-of-memory from a failed compilation
+            for p in params:
+                p.grad = None
+            raise CompileFailed(e) from e
     return CompileProbe(eager_s, first_s, compiled_s, folder)

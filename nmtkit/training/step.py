@@ -169,7 +169,7 @@ class UpdateStep:
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with sync:
                 with autocast(self.device, self.amp_dtype):  # the loss's matmuls too
-                    with self._ddp_collective(where):
+                    with self._ddp_collective(where, op="DDP's broadcast of the gradient buckets' order"):
                         hidden = self.forward_model(b.src_tokens, b.prev_output_tokens,
                                                     features_only=True)  # (B, T, D)
                     loss, nll, _ = fused_label_smoothed_cross_entropy(hidden, weight, b.target, self.epsilon,
@@ -193,13 +193,13 @@ class UpdateStep:
         finally:
             self.forward_model = kept
 
-    def _ddp_collective(self, where: str, runs: bool = True):
-        """Around a DDP call that runs collectives (`runs`): the syncing backward all-reduces the
-        gradients, and the forward after the first sync broadcasts rank 0's order of the gradient
-        buckets. Without DDP, or where it runs none (a backward under no_sync), nothing."""
+    def _ddp_collective(self, where: str, runs: bool = True, op: str = "DDP's gradient all-reduce"):
+        """Around a DDP call that runs the collective `op` (when `runs`): the syncing backward
+        all-reduces the gradients, and the forward after the first sync broadcasts rank 0's order
+        of the gradient buckets. Without DDP, or where it runs none (a backward under no_sync), nothing."""
         if self.ddp is None or not runs:
             return contextlib.nullcontext()
-        return D.collective("DDP's gradient all-reduce", self.info, where)
+        return D.collective(op, self.info, where)
 
     def _result(self, head: torch.Tensor, gnorm: torch.Tensor, sums: torch.Tensor, lr: float) -> StepResult:
         """The update's StepResult from its one read of the device (`read_back`): the counts and

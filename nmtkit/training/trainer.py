@@ -42,10 +42,10 @@ from nmtkit.data.batching import EpochBatches, collate
 from nmtkit.data.languages import langs_of, pair_name, pairs_of, parse_pairs, split_name, tag_token
 from nmtkit.data.sampling import SampledEpochBatches, load_pair_split
 from nmtkit.device import resolve_device
-from nmtkit.errors import UserError
+from nmtkit.errors import UserError, first_line
 from nmtkit.training import checkpoint_state
 from nmtkit.training import distributed as D
-from nmtkit.training.compiled import probe, use_cache_folder
+from nmtkit.training.compiled import CompileFailed, probe, use_cache_folder
 from nmtkit.training.config import TrainConfig
 from nmtkit.training.ema import EMA
 from nmtkit.training.loss import bits_per_token
@@ -53,7 +53,7 @@ from nmtkit.training.report import JsonlLog, TensorBoardLog, TrainProgress, requ
 from nmtkit.training.schedule import Schedule
 from nmtkit.training.start import check_same_start, describe_start, find_start
 from nmtkit.training.state import LoopState, TrainState
-from nmtkit.training.step import MIN_LOSS_SCALE, StepResult, TrainingObjects, UpdateStep, autocast
+from nmtkit.training.step import MIN_LOSS_SCALE, StepResult, TrainingObjects, UpdateStep, autocast, is_oom
 from nmtkit.training.step import total_norm as _total_norm  # noqa: F401 - used by recipes/bench/train_profile.py
 from nmtkit.training.stopping import TrainingStopped, check_epoch_progress, stop_reason
 from nmtkit.training.validation import Validator
@@ -293,7 +293,7 @@ class Trainer:
 
         cfg, info = self.cfg, self.info
         # before the optimizer: building one imports torch._dynamo, which fixes the cache folder
-        self._compile_cache = use_cache_folder() if cfg.compile else None
+        self._compile_cache, self._compile_note = use_cache_folder() if cfg.compile else (None, None)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
@@ -356,10 +356,23 @@ class Trainer:
         a pass eager and compiled (training/compiled.py); one line and a `compile` log record."""
         if self._eager_forward is None:
             return
-        step = self.update_step
-        report = probe(lambda model: step.pass_through(model, batches[0]), self._eager_forward, step.forward_model,
-                       self.device, step.params, self._compile_cache)
+        step, eager = self.update_step, self._eager_forward
         self._eager_forward = None
+        if self._compile_note and self.info.is_main:  # the cache folder could not be made
+            self.progress.line(self._compile_note, style="yellow")
+        try:
+            report = probe(lambda model: step.pass_through(model, batches[0]), eager, step.forward_model,
+                           self.device, step.params, self._compile_cache)
+        except CompileFailed as e:
+            for p in step.params:
+                p.grad = None
+            if is_oom(e.cause) and not self.info.enabled:  # the first update will meet it too, and skip it
+                if self.info.is_main:
+                    self.progress.line("--compile: out of memory while timing the first batch; no figures",
+                                       style="yellow")
+                return
+            raise UserError(f"--compile: torch.compile failed ({type(e.cause).__name__}: {first_line(e.cause)}); "
+                            "train without --compile") from e.cause
         if self.info.is_main:
             self.log.write({"type": "compile", "update": self.state.update, **report.record()})
             self.progress.line(report.line(), style="yellow" if report.speedup < 1.0 else None)

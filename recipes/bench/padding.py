@@ -120,10 +120,13 @@ def cut_padding(src: np.ndarray, tgt: np.ndarray, ends: list[int]) -> tuple[floa
 def best_cuts(s: np.ndarray, t: np.ndarray, max_tokens: int, batches: int) -> None:
     """Print the best cuts of the plan's order: at its number of batches, and at 5% padding."""
     src, tgt = s + 1, t + 1
+    if int(np.maximum(src, tgt).max()) > max_tokens:  # the plan filters such pairs; no cutting holds one
+        print(f"  best cuts: a pair of {int(np.maximum(src, tgt).max())} tokens does not fit --max-tokens {max_tokens}")
+        return
     order = np.lexsort((src, tgt, np.maximum(src, tgt)))
     src, tgt = src[order], tgt[order]
 
-    def search(fits) -> list[int]:  # the largest price (fewest batches) whose cuts fit
+    def search(fits) -> list[int] | None:  # the largest price (fewest batches) whose cuts fit, if any
         lo, hi, found = 0.0, float(max_tokens) * 4, None
         for _ in range(16):
             price = (lo + hi) / 2
@@ -132,15 +135,22 @@ def best_cuts(s: np.ndarray, t: np.ndarray, max_tokens: int, batches: int) -> No
                 lo, found = price, ends
             else:
                 hi = price
-        return found if found is not None else cuts(src, tgt, max_tokens, 0.0)
+        return found
 
     same = search(lambda e: len(e) <= batches)
-    pad, mean = cut_padding(src, tgt, same)
-    print(f"  best cuts of the same order: {len(same)} batches, padding {pad:.2%} "
-          f"(mean {mean:,.0f} tokens per batch)")
+    if same is None:
+        print(f"  best cuts of the same order: none with {batches} batches or fewer")
+    else:
+        pad, mean = cut_padding(src, tgt, same)
+        print(f"  best cuts of the same order: {len(same)} batches, padding {pad:.2%} "
+              f"(mean {mean:,.0f} tokens per batch)")
     five = search(lambda e: cut_padding(src, tgt, e)[0] <= 0.05)
-    pad, mean = cut_padding(src, tgt, five)
-    print(f"  at most 5% padding: {len(five)} batches, padding {pad:.2%} (mean {mean:,.0f} tokens per batch)")
+    if five is None:
+        print("  at most 5% padding: not reached by any price searched")
+    else:
+        pad, mean = cut_padding(src, tgt, five)
+        print(f"  at most 5% padding: reached with {len(five)} batches (the fewest the price search found), "
+              f"padding {pad:.2%} (mean {mean:,.0f} tokens per batch)")
 
 
 def main() -> int:
