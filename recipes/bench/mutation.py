@@ -69,8 +69,19 @@ MODULES: dict[str, Module] = {
         "batching of sentences for generate and the Translator, not the whole driver",
         ("docs",)),  # test_translator.py runs docs/api.md's example
     "trainer-step": Module(
-        ("nmtkit/training/step.py",), ("tests/test_update_step.py", "tests/test_host_syncs.py", "tests/test_train.py"), (),
-        "the update step (training/step.py: UpdateStep, total_norm)"),
+        ("nmtkit/training/step.py",), ("tests/test_update_step.py", "tests/test_host_syncs.py", "tests/test_train.py",
+                                       "tests/test_compile.py::test_the_probe_leaves_training_exactly_as_without_it"),
+        (), "the update step (training/step.py: UpdateStep, total_norm)"),
+    # --compile's cache folder and probe; the real compilation (a slow test, a minute or more a
+    # run) is left out: every mutant would pay it
+    "trainer-compile": Module(
+        ("nmtkit/training/compiled.py",),
+        tuple(f"tests/test_compile.py::{t}" for t in (
+            "test_compiled_graphs_go_to_the_users_cache_folder_unless_one_is_chosen",
+            "test_a_cache_folder_that_cannot_be_made_leaves_torchs_default_with_a_note",
+            "test_the_probes_figures_and_its_line", "test_the_probe_leaves_training_exactly_as_without_it",
+            "test_a_model_that_fails_to_compile_is_one_line")),
+        (), "--compile's cache folder and probe (training/compiled.py)"),
     "batching": Module(("nmtkit/data/batching.py",), ("tests/test_batching.py", "tests/test_batch_plan.py", "tests/test_padding.py")),
     "dictionary": Module(("nmtkit/data/dictionary.py",), ("tests/test_dictionary.py",)),
     "shards": Module(("nmtkit/data/shards.py",), ("tests/test_shards.py",)),
