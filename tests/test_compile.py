@@ -73,16 +73,55 @@ def test_a_cache_folder_that_cannot_be_made_leaves_torchs_default_with_a_note(tm
 
 
 def test_the_probes_figures_and_its_line():
-    p = C.CompileProbe(eager_s=0.5, first_s=30.4, compiled_s=0.4, folder=Path("/c"))
-    assert p.cold_s == pytest.approx(30.0) and p.speedup == pytest.approx(1.25)
-    assert p.line() == ("--compile: compiling took 30.0 s (cache: /c; a later run of the same model starts from it); "
-                        "a forward and backward pass of the first batch takes 400 ms compiled against 500 ms eager: "
-                        "1.25x")
-    assert p.record() == {"cold_s": 30.0, "eager_pass_s": 0.5, "compiled_pass_s": 0.4, "speedup": 1.25,
+    p = C.CompileProbe(eager_s=2.5, first_s=31.6, compiled_s=1.2345, folder=Path("/c"))
+    assert p.cold_s == pytest.approx(30.3655) and p.speedup == pytest.approx(2.5 / 1.2345)
+    assert p.line() == ("--compile: compiling took 30.4 s (cache: /c; a later run of the same model starts from it); "
+                        "a forward and backward pass of the first batch takes 1234 ms compiled against 2500 ms eager: "
+                        "2.03x")
+    q = C.CompileProbe(eager_s=0.1234567, first_s=30.2222222, compiled_s=0.0987654, folder=Path("/c"))
+    assert q.record() == {"cold_s": 30.123, "eager_pass_s": 0.12346, "compiled_pass_s": 0.09877, "speedup": 1.25,
                           "cache": "/c"}
+    assert C.CompileProbe(0.1234567, 1.0, 0.0987, Path("/c")).record()["speedup"] == 1.2508
     slow = C.CompileProbe(eager_s=0.4, first_s=0.3, compiled_s=0.5, folder=Path("/c"))
     assert slow.cold_s == 0.0 and slow.line().endswith("0.80x; slower than eager here, so leave --compile off "
                                                        "on this machine")
+    assert C.CompileProbe(0.5, 1.0, 0.5, Path("/c")).line().endswith("eager: 1.00x")  # as fast: no advice
+    assert str(C.CompileFailed(RuntimeError("no C++ compiler"))) == "no C++ compiler"
+
+
+def test_the_probe_times_each_pass_and_keeps_the_faster_of_two(monkeypatch):
+    """On a clock that moves only when a pass runs: eager passes of 5 (warm-up), 3 and 4 s, compiled
+    ones of 100 (compiling), 2 and 2.5 s -> eager 3, first 100, compiled 2."""
+    clock = [0.0]
+    monkeypatch.setattr(C.time, "perf_counter", lambda: clock[0])
+    durations = {"eager": [5.0, 3.0, 4.0], "compiled": [100.0, 2.0, 2.5]}
+    eager, compiled = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def run_pass(model):
+        clock[0] += durations["eager" if model is eager else "compiled"].pop(0)
+
+    report = C.probe(run_pass, eager, compiled, torch.device("cpu"), [], Path("/cache"))
+    assert (report.eager_s, report.first_s, report.compiled_s, report.folder) == (3.0, 100.0, 2.0, Path("/cache"))
+    assert report.cold_s == 98.0 and report.speedup == 1.5
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda", "mps"])
+def test_the_probe_drains_the_accelerators_queue_and_restores_its_generator(kind, monkeypatch):
+    """Timing a pass on CUDA or MPS waits for the device (its work is queued), and the probe restores
+    that device's random generator besides the CPU's."""
+    import contextlib
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("cuda sync", device)))
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append(("mps sync",)))
+    monkeypatch.setattr(C.torch.random, "fork_rng",
+                        lambda devices, device_type: calls.append(("fork", devices, device_type))
+                        or contextlib.nullcontext())
+    device = torch.device(kind)
+    C.probe(lambda model: None, torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), device, [], Path("/c"))
+    assert calls[0] == ("fork", [] if kind == "cpu" else [device], kind)
+    syncs = {"cpu": [], "cuda": [("cuda sync", device)], "mps": [("mps sync",)]}[kind]
+    assert calls[1:] == syncs * 12  # before and after each of the six passes
 
 
 class Wrapped(torch.nn.Module):
@@ -117,7 +156,7 @@ def test_the_probe_leaves_training_exactly_as_without_it(data_dir, tmp_path):
     assert torch.equal(torch.get_rng_state(), rng)
     assert len(passes) == 6 and [type(m) for m in passes].count(Wrapped) == 3
     assert all(p.grad is None for p in step.params)
-    assert report.eager_s > 0 and report.compiled_s > 0 and report.first_s > 0
+    assert report.eager_s > 0 and report.compiled_s > 0 and report.first_s > 0 and report.folder == tmp_path
     step.pass_through(step.forward_model, batch)  # a pass without fork_rng does move the generator
     assert not torch.equal(torch.get_rng_state(), rng)
     torch.set_rng_state(rng)

@@ -7,10 +7,14 @@ Builds the benchmark model (d_model 256, 3+3 layers, 4 heads, d_ff 1024, shared 
 then times, over --steps batches of --max-tokens 4096: collation, forward, loss, backward,
 gradient norm, optimizer step; and the same updates through nmtkit's Trainer._train_step, whose
 extra cost over the sum of the phases is the trainer's per-update overhead. With
---torch-profile it also prints torch.profiler's top operators for one update.
+--torch-profile it also prints torch.profiler's top operators for one update, and their self time
+by kind (matrix products, attention, dropout's random masks, other element-wise work, layer norm, softmax,
+copies and indexing, the optimizer, the rest) with the bound that the products and attention set:
+the speed-up if everything else took no time.
 """
 
 import argparse
+import re
 import time
 
 import torch
@@ -86,6 +90,42 @@ def main() -> None:
             t._train_step([b])
         print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=25,
                                                                  max_name_column_width=45, max_shapes_column_width=50))
+        by_kind(prof.key_averages())
+
+
+# operator name (aten::...) -> kind; the first pattern that matches wins
+KINDS = [
+    ("matrix products", r"^aten::(mm|addmm|addmm_|bmm|baddbmm|_addmm_activation|matmul|linear)$"),
+    ("attention (SDPA)", r"scaled_dot_product"),  # its products and softmax in one kernel
+    ("dropout masks", r"^aten::(bernoulli_?|native_dropout)"),
+    ("layer norm", r"layer_norm"),
+    ("softmax", r"softmax"),
+    ("optimizer", r"adam"),
+    ("copies and indexing", r"^aten::(copy_|clone|contiguous|index|index_select|index_add_|gather|scatter|embedding"
+                            r"|cat|stack|_to_copy|to|masked_fill_?|masked_select|nonzero|where|fill_|zero_|zeros"
+                            r"|empty|narrow|slice|select|view|reshape|t|transpose|permute|expand|as_strided)"),
+    ("other element-wise", r"^aten::(mul|add|div|sub|relu|threshold_backward|sum|mean|exp|log|neg|rsqrt|sqrt|pow"
+                           r"|clamp|max|amax|sort|logsumexp|eq|ne|lt|gt|abs|sign|_foreach|norm|linalg_vector_norm)"),
+]
+
+
+def by_kind(events) -> None:
+    """Self CPU time of one update by kind of operator (profiler key averages), and the bound of
+    the products: how much faster the update would be if only they took time."""
+    totals: dict[str, float] = {}
+    for e in events:
+        name = e.key
+        if not name.startswith("aten::"):
+            continue
+        kind = next((k for k, pat in KINDS if re.search(pat, name)), "the rest")
+        totals[kind] = totals.get(kind, 0.0) + e.self_cpu_time_total / 1000.0  # ms
+    whole = sum(totals.values())
+    print("self CPU time of one update by kind of operator:")
+    for kind, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:22s} {ms:9.1f} ms  {100 * ms / whole:5.1f}%")
+    products = totals.get("matrix products", 0.0) + totals.get("attention (SDPA)", 0.0)
+    if products:
+        print(f"  if only the matrix products and attention took time: {whole / products:.2f}x this update's speed")
 
 
 if __name__ == "__main__":
