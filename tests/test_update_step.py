@@ -906,6 +906,21 @@ def test_an_error_in_a_backward_under_no_sync_keeps_its_own_message(data_dir, tm
         s(batches_of(t, 0, 2), 4, LoopFlags())
 
 
+def test_a_lost_peer_during_the_compile_probe_names_the_probe(data_dir, tmp_path):
+    """--compile's probe runs a forward and backward before the first update (UpdateStep.pass_through);
+    under DDP its all-reduce can meet a lost peer too, and the line says it happened there."""
+    from nmtkit.training import distributed as D
+
+    def peer_gone(state, bucket):
+        raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:29500")
+
+    t = new_trainer(data_dir, tmp_path / "q")
+    with ddp_step_of_rank_1_of_2(t, peer_gone) as s, pytest.raises(D.CollectiveFailed) as e:
+        s.pass_through(s.forward_model, batches_of(t, 0, 1)[0])
+    assert str(e.value) == ("rank 1 of 2: DDP's gradient all-reduce (the --compile probe) failed because rank 0 exited "
+                            "or lost its connection (see that rank's own message)")
+
+
 def test_token_counts_beyond_float32_precision_are_exact(data_dir, tmp_path):
     """The counts travel in a float64 tensor (for the all-reduce): 2^24 + 1 tokens, which float32
     would round to 2^24, are reported exactly."""

@@ -187,9 +187,8 @@ class UpdateStep:
         drop: what `--compile`'s probe (training/compiled.py) times. Nothing else changes."""
         kept = self.forward_model
         self.forward_model = model
-        try:
-            ntokens = torch.full((), max(batch.ntokens, 1), dtype=torch.float64, device=self.device)
-            self._backward([batch], scale=1.0 / ntokens, where="the --compile probe")
+        try:  # the gradients are dropped: their scale does not matter
+            self._backward([batch], scale=torch.ones((), dtype=torch.float64), where="the --compile probe")
         finally:
             self.forward_model = kept
 
