@@ -54,6 +54,17 @@ class Echo:
         """Terminology is accepted and ignored: Echo has no target vocabulary to check it against."""
         return None
 
+    def tag_ids(self, target_lang, n: int, where: str = "target_lang") -> list[None]:
+        """A bilingual model's rule, as Translator.tag_ids has it: one language or one per
+        sentence, and only the model's own target language."""
+        if isinstance(target_lang, (list, tuple)) and len(target_lang) != n:
+            raise UserError(f"{where} must be one language or a list with one per sentence ({n}), "
+                            f"got {len(target_lang)} entries")
+        for lang in target_lang if isinstance(target_lang, (list, tuple)) else [target_lang]:
+            if lang not in (None, self.tgt_lang):
+                raise UserError(f"{where}: this model translates de->en only, not into {lang!r}")
+        return [None] * n
+
     def translate_nbest(self, sentences, **settings):
         time.sleep(self.delay)
         if self.gate is not None:
@@ -790,6 +801,9 @@ def echo_app():
 @example(req=Request("POST", "/translate", [(b"content-length", b"\xb2")], [b'{"text": ["a"]}'],
                      (200, {"translations": ["A"]})))  # "²" is a digit to str.isdigit, not to int(): a 500
 @example(req=Request("GET", "/translate/", [], [b""], (404, None)))  # a 307 redirect with an empty body
+@example(req=Request("POST", "/translate", [], [b'{"text": [], "target_lang": []}'],
+                     (200, {"translations": []})))  # the stand-in lacked tag_ids: a 500 (the fuzz run of 2026-11-29)
+@example(req=Request("POST", "/translate", [], [b'{"text": ["a"], "target_lang": "fr"}'], (400, None)))
 def test_any_request_in_process_gets_one_json_answer_and_never_a_500(echo_app, req):
     status, headers, body = asgi(echo_app, req.method, req.path, req.headers, req.chunks)
     event(f"status {status}")
