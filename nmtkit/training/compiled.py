@@ -14,7 +14,7 @@ survives. Two things make the flag something a user can decide on:
   compiles), each timed; the line it prints says what compiling cost and how fast a compiled
   pass is against an eager one on this machine. The passes' gradients are dropped and the random
   number generators restored, so training continues exactly as without the probe (a resumed
-  run stays bit-identical to one never stopped).
+  run probes again, with the same effect).
 """
 
 from __future__ import annotations

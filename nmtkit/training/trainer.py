@@ -363,9 +363,7 @@ class Trainer:
         try:
             report = probe(lambda model: step.pass_through(model, batches[0]), eager, step.forward_model,
                            self.device, step.params, self._compile_cache)
-        except CompileFailed as e:
-            for p in step.params:
-                p.grad = None
+        except CompileFailed as e:  # the probe has dropped its gradients
             if is_oom(e.cause) and not self.info.enabled:  # the first update will meet it too, and skip it
                 if self.info.is_main:
                     self.progress.line("--compile: out of memory while timing the first batch; no figures",
