@@ -167,6 +167,8 @@ def main() -> int:
     ap.add_argument("--best-cuts", action="store_true",
                     help="also the best cutting of the plan's order (dynamic programming; at most 200,000 pairs)")
     a = ap.parse_args()
+    if a.synthetic is not None and a.synthetic < 1:
+        ap.error(f"--synthetic takes a number of pairs >= 1, got {a.synthetic}")
     if a.data_dir:
         from nmtkit.data.manifest import load_manifest
         from nmtkit.data.shards import load_split
@@ -189,4 +191,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nmtkit.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:  # a data directory that is not one: its one line, no traceback
+        sys.exit(f"padding.py: {e}")
