@@ -225,6 +225,79 @@ def test_an_unread_body_after_413_is_discarded_for_at_most_the_body_timeout(mode
             assert closed(s) and time.monotonic() - t0 < 3
 
 
+CLOSE_HEAD = (b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\nConnection: close\r\n\r\n")
+
+
+def recv_to_the_end(s: socket.socket) -> tuple[bytes, bool]:
+    """What the server sends until it closes, and whether it ended with an orderly close (EOF)
+    rather than a reset."""
+    raw = b""
+    try:
+        while chunk := s.recv(65536):
+            raw += chunk
+    except ConnectionResetError:
+        return raw, False
+    return raw, True
+
+
+def refused(s: socket.socket) -> bool:
+    """Whether sending on `s` fails: the server has closed the connection entirely (a half-closed
+    one still reads what it is sent)."""
+    try:
+        s.sendall(b" " * 100)
+    except OSError:
+        return True
+    return False
+
+
+def test_an_answer_that_ends_the_connection_is_followed_by_a_lingering_close_not_a_reset(model):
+    # closing a socket with unread bytes resets the connection, and the kernel then drops what it
+    # has not sent yet: the 413's JSON body, on a loaded server
+    opts = echo_options(model, body_timeout=5.0, max_request_sentences=1, max_sentence_chars=1)
+    with serving(opts) as (port, srv, _):
+        limit = srv.limits.max_body_bytes
+        for size in [limit + 1, 20_000, 200_000, 2_000_000] * 5:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(CLOSE_HEAD % size + b" " * size)  # all of it: the server reads and drops it
+                raw, orderly = recv_to_the_end(s)
+            assert orderly, (size, raw[:200])
+            assert status_and_body(raw) == (413, {"error": f"the request body has {size} bytes; at most {limit}"})
+        # and after a 400 for bytes that are not HTTP (what follows them is dropped as well)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"zz\r\n" + b" " * 1_000_000)
+            raw, orderly = recv_to_the_end(s)
+        assert orderly and status_and_body(raw)[0] == 400
+
+
+def test_a_lingering_close_lasts_at_most_the_body_timeout_and_makes_room(model):
+    opts = echo_options(model, body_timeout=0.8, max_connections=2, max_request_sentences=1, max_sentence_chars=1)
+    with serving(opts) as (port, _, logs):
+        with connect(port, CLOSE_HEAD % 10_000_000 + b" " * 100) as s:
+            raw = b""
+            while not raw.endswith(b"}"):
+                raw += s.recv(65536)
+            assert status_and_body(raw)[0] == 413
+            wait_until(lambda: closed(s), timeout=2)  # the answer, then FIN
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 5 and not refused(s):  # a client that goes on sending
+                time.sleep(0.05)
+            assert 0.5 < time.monotonic() - t0 < 3  # the server closed its side too
+        # a connection dropping a refused body gives its place to a new client
+        lingering = [connect(port, CLOSE_HEAD % 10_000_000 + b" " * 100) for _ in range(2)]
+        for s in lingering:
+            assert status_and_body(read_answer(s))[0] == 413
+        t0 = time.monotonic()
+        assert request(port, "GET", "/health") == (200, {"status": "ok"})
+        assert time.monotonic() - t0 < 0.5
+        wait_until(lambda: refused(lingering[0]), timeout=0.5)
+        assert not refused(lingering[1])
+        for s in lingering:
+            s.close()
+    assert noted(logs, "closing the connections that waited longest")[0] >= 1
+
+
 def test_a_client_that_does_not_read_its_answer_is_disconnected(model):
     with serving(echo_options(model, body_timeout=0.5, max_sentence_chars=100)) as (port, _, logs):
         body = json.dumps({"text": ["big:30000000"]}).encode()

@@ -13,11 +13,17 @@ of them open until the process ran out of file descriptors, and then nobody was 
   answers without reading the whole body (413, 404, 503 while loading), the rest is read and
   discarded for at most `body_timeout` seconds (so that the client sees the answer), then the
   connection is closed.
+- **closing while the client sends**: an answer that ends the connection (the client asked for
+  `Connection: close`; a 408; a 400) is followed by a lingering close, as in nginx and Apache:
+  the server stops writing (FIN after the answer) and reads and drops what still comes until the
+  client closes too, for at most `body_timeout` seconds. Closing a socket with unread bytes makes
+  the kernel reset the connection and drop what it has not sent yet: a loaded server's 413 lost
+  its JSON body that way while the client was still sending.
 - **answer**: a client that stops reading its answer (the socket's buffers full) for
   `body_timeout` seconds is disconnected.
 - **connections**: at most `max_connections` are open. When a new one comes and they are all
   taken, the connection that has waited longest for its request's headers (idle, kept alive or
-  slow) is closed to make room; if every connection has a request under way, the new one gets
+  slow) or for the rest of a body it only drops is closed to make room; if every connection has a request under way, the new one gets
   503 and is closed at once. `accept_connections` accepts them one at a time (asyncio's own
   accept loop takes up to its backlog, 2048, at once, before any of them is counted), so the
   server holds at most `max_connections` sockets and a few being closed: below the open-file
@@ -55,7 +61,7 @@ MAX_HEADER_BYTES = 16 * 1024  # h11's own default, stated: larger request header
 @dataclass
 class Guard:
     """What the connections of one server share: the limits, and the connections waiting for
-    their request's headers, longest waiting first."""
+    their request's headers or for the rest of a body they only drop, longest waiting first."""
 
     max_connections: int
     header_timeout: float
@@ -64,8 +70,8 @@ class Guard:
     waiting: dict = field(default_factory=dict)  # protocol -> None, in the order they began to wait
 
     def make_room(self) -> bool:
-        """Close the connection that has waited longest for its request's headers; False if
-        every connection has a request under way."""
+        """Close the connection that has waited longest (for its request's headers, or
+        dropping the rest of a body); False if every connection has a request under way."""
         oldest = next(iter(self.waiting), None)
         if oldest is None:
             return False
@@ -104,6 +110,21 @@ async def accept_connections(sock: socket.socket, make_protocol: Callable[[], as
             conn.close()
 
 
+class _CycleTransport:
+    """The connection's transport as uvicorn's request cycle holds it: the same, except that
+    close() is the protocol's lingering close (the cycle closes the connection as soon as it has
+    written an answer that ends it, its body possibly unread)."""
+
+    def __init__(self, protocol: Protocol):
+        self._protocol = protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self._protocol.transport, name)
+
+    def close(self) -> None:
+        self._protocol.close_lingering()
+
+
 def protocol_class(guard: Guard) -> type[asyncio.Protocol]:
     """The protocol class of a server whose connections share `guard`."""
     return type("NmtkitHTTP", (Protocol,), {"guard": guard})
@@ -121,6 +142,7 @@ class Protocol(H11Protocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._partial = False  # bytes of the next request's headers arrived
         self._refused = False
+        self._lingering = False  # no more answers: what arrives is dropped until the client closes
 
     # -- the connection's life
 
@@ -140,16 +162,40 @@ class Protocol(H11Protocol):
         self._follow()
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return
+        if self._refused or self._lingering:
+            return  # dropped unread: h11 would keep it for the finished request
         if self._waiting_for == "headers":
             self._partial = True
         super().data_received(data)
         self._follow()
 
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle and self.cycle is not None:  # a request came: its cycle closes through us
+            self.cycle.transport = _CycleTransport(self)
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY or self._lingering:
+            # the rest of the body is dropped for --body-timeout (_follow), not uvicorn's keep-alive 5 s
+            self._unset_keepalive_if_required()
         self._follow()
+
+    def close_lingering(self) -> None:
+        """Close the connection without a reset (the module docstring): when the client may
+        still be sending, stop writing and drop what it sends until it closes too, for at most
+        `body_timeout` seconds; else close now."""
+        t = self.transport
+        if t.is_closing() or self._lingering:
+            return
+        if self.conn.their_state not in (h11.SEND_BODY, h11.ERROR) and not self.conn.trailing_data[0]:
+            t.close()
+            return
+        self._lingering = True
+        t.write_eof()  # the answer, then FIN: the client reads it to the end
+        self.flow.resume_reading()
+        self._set_timer("the rest of the body", self.guard.body_timeout)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that h11 refuses (a malformed request line, header or
@@ -158,7 +204,7 @@ class Protocol(H11Protocol):
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             self.transport.write(_answer(400, "Bad Request", "the request is not valid HTTP/1.1 (its request line, "
                                          "headers or chunked body)"))
-        self.transport.close()
+        self.close_lingering()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -176,6 +222,8 @@ class Protocol(H11Protocol):
         if self.transport is None or self.transport.is_closing():
             self._set_timer(None)
             return
+        if self._lingering:
+            return  # its timer runs
         answered = self.cycle is None or self.cycle.response_complete
         their = self.conn.their_state
         if answered and their is h11.IDLE:
@@ -199,7 +247,7 @@ class Protocol(H11Protocol):
         if what == "headers":
             # bytes already there (sent after the previous request, pipelined) are part of these headers
             self._partial = bool(self.conn.trailing_data[0])
-            self.guard.waiting[self] = None
+        self.guard.waiting[self] = None  # waiting for headers, or for bytes it only drops: may make room
 
     def _expired(self) -> None:
         what, self._timer = self._waiting_for, None
