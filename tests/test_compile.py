@@ -173,7 +173,8 @@ def test_the_probe_leaves_training_exactly_as_without_it(data_dir, tmp_path):
 def test_a_model_that_fails_to_compile_is_one_line(data_dir, tmp_path, monkeypatch):
     """A compilation error (no C++ compiler, an operator inductor cannot lower) stops training with
     one line that names it and the way out, and the probe's gradients are gone; running out of
-    memory in the probe only costs its figures (the first update then meets it and is skipped)."""
+    memory in the probe, eager or compiled, only costs its figures (the first update then meets it
+    and is skipped)."""
     from nmtkit.errors import UserError
 
     t = trainer(data_dir, tmp_path / "f")
@@ -203,6 +204,22 @@ def test_a_model_that_fails_to_compile_is_one_line(data_dir, tmp_path, monkeypat
                         raising=False)
     t._probe_compile([batch])
     assert lines == ["--compile: out of memory while timing the first batch; no figures"]
+    assert all(p.grad is None for p in t.update_step.params)
+
+    # out of memory in the eager passes (the compiled model never ran): the same line, no traceback
+    t._eager_forward, t.update_step.forward_model = OutOfMemory(), t.objs.model
+    t._probe_compile([batch])
+    assert lines == ["--compile: out of memory while timing the first batch; no figures"] * 2
+    assert all(p.grad is None for p in t.update_step.params)
+
+    # any other error of an eager pass is not compiling's: raised as it is
+    class Bug(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            raise ValueError("a bug in the model")
+
+    t._eager_forward = Bug()
+    with pytest.raises(ValueError, match="^a bug in the model$"):
+        t._probe_compile([batch])
     assert all(p.grad is None for p in t.update_step.params)
 
 

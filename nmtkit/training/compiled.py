@@ -104,7 +104,8 @@ class CompileProbe:
 def probe(run_pass: Callable[[torch.nn.Module], None], eager: torch.nn.Module, compiled: torch.nn.Module,
           device: torch.device, params: list[torch.nn.Parameter], folder: Path) -> CompileProbe:
     """Time `run_pass` (one forward and backward of a fixed batch through the model given) on the
-    eager and the compiled model, leaving no trace: gradients dropped, RNG states restored."""
+    eager and the compiled model, leaving no trace: gradients dropped, RNG states restored. An
+    error of the compiled passes is raised as CompileFailed, one of the eager passes as it is."""
     def timed(model: torch.nn.Module) -> float:  # an error leaves gradients behind: dropped by the caller
         sync()
         t0 = time.perf_counter()
@@ -121,15 +122,22 @@ def probe(run_pass: Callable[[torch.nn.Module], None], eager: torch.nn.Module, c
         elif device.type == "mps":
             torch.mps.synchronize()
 
+    def drop_gradients() -> None:
+        for p in params:
+            p.grad = None
+
     accelerator = [] if device.type == "cpu" else [device]  # its generator restored too (CUDA, MPS)
     with torch.random.fork_rng(devices=accelerator, device_type=device.type):
-        timed(eager)  # warm-up: the first eager pass allocates and picks kernels
-        eager_s = min(timed(eager), timed(eager))
+        try:
+            timed(eager)  # warm-up: the first eager pass allocates and picks kernels
+            eager_s = min(timed(eager), timed(eager))
+        except BaseException:  # not compiling's fault (out of memory, most likely): raised as it is
+            drop_gradients()
+            raise
         try:
             first_s = timed(compiled)
             compiled_s = min(timed(compiled), timed(compiled))
         except Exception as e:  # noqa: BLE001 - the caller tells out-of-memory from a failed compilation
-            for p in params:
-                p.grad = None
+            drop_gradients()
             raise CompileFailed(e) from e
     return CompileProbe(eager_s, first_s, compiled_s, folder)

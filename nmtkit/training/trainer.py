@@ -363,14 +363,17 @@ class Trainer:
         try:
             report = probe(lambda model: step.pass_through(model, batches[0]), eager, step.forward_model,
                            self.device, step.params, self._compile_cache)
-        except CompileFailed as e:  # the probe has dropped its gradients
-            if is_oom(e.cause) and not self.info.enabled:  # the first update will meet it too, and skip it
+        except Exception as e:  # noqa: BLE001 - the probe has dropped its gradients
+            cause = e.cause if isinstance(e, CompileFailed) else e  # else: raised by an eager pass
+            if is_oom(cause) and not self.info.enabled:  # the first update will meet it too, and skip it
                 if self.info.is_main:
                     self.progress.line("--compile: out of memory while timing the first batch; no figures",
                                        style="yellow")
                 return
-            raise UserError(f"--compile: torch.compile failed ({type(e.cause).__name__}: {first_line(e.cause)}); "
-                            "train without --compile") from e.cause
+            if isinstance(e, CompileFailed):
+                raise UserError(f"--compile: torch.compile failed ({type(cause).__name__}: {first_line(cause)}); "
+                                "train without --compile") from cause
+            raise
         if self.info.is_main:
             self.log.write({"type": "compile", "update": self.state.update, **report.record()})
             self.progress.line(report.line(), style="yellow" if report.speedup < 1.0 else None)
