@@ -1004,6 +1004,9 @@ def echo_server(tmp_path_factory):
 
 @pytest.mark.fuzz
 @given(req=raw_requests())
+@example(req=RawRequest(b"POST /translate HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+                        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\nabc\r\n", (1,), None))
+# the 400's lingering close, then the request's 100 Continue written after it: a 500 (2026-11-29)
 def test_any_framing_over_a_connection_gets_its_json_answers_then_the_close(echo_server, req):
     port, logs = echo_server.port, echo_server.logs
     with connect(port, timeout=10) as s:

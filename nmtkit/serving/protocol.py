@@ -121,6 +121,9 @@ class _CycleTransport:
     def __getattr__(self, name: str):
         return getattr(self._protocol.transport, name)
 
+    def is_closing(self) -> bool:  # lingering, it writes nothing more (not even a 100 Continue)
+        return self._protocol._lingering or self._protocol.transport.is_closing()
+
     def close(self) -> None:
         self._protocol.close_lingering()
 
@@ -193,6 +196,9 @@ class Protocol(H11Protocol):
             t.close()
             return
         self._lingering = True
+        if self.cycle is not None and not self.cycle.response_complete:  # a 400 amid a request: its app
+            self.cycle.disconnected = True  # sees the client gone, as when the connection is lost
+            self.cycle.message_event.set()
         t.write_eof()  # the answer, then FIN: the client reads it to the end
         self.flow.resume_reading()
         self._set_timer("the rest of the body", self.guard.body_timeout)
@@ -295,7 +301,9 @@ class Protocol(H11Protocol):
         is being answered (an upload still arriving is dropped)."""
         if self._refused:
             return
-        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
+        if self._lingering:
+            self.transport.close()
+        elif self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
             self.drop("the server is stopping")
         else:
             super().shutdown()
