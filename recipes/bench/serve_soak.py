@@ -242,7 +242,9 @@ def slow_client(t: Target, stats: Stats, rng: random.Random, until: float) -> No
 
 def oversized_requests(t: Target) -> list[tuple[str, object]]:
     """(what, body) of requests beyond a limit: 413 each. A body over the byte limit is sent
-    whole (Content-Length) or chunked (no length: the server counts)."""
+    whole (Content-Length), whole asking for `Connection: close` (the server answers before it
+    has read the body, then closes while the client may still be sending), or chunked (no
+    length: the server counts)."""
     w = t.pool[1] or "w1"
     big = json.dumps({"text": ["x" * t.max_chars] * (t.max_body // t.max_chars + 1)}).encode()
     return [
@@ -250,6 +252,7 @@ def oversized_requests(t: Target) -> list[tuple[str, object]]:
         ("a sentence too long", json.dumps({"text": ["x" * (t.max_chars + 1)]}).encode()),
         ("a beam too large", json.dumps({"text": [w], "beam": t.max_beam + 1}).encode()),
         (f"a body of {len(big)} bytes", big),
+        (f"a body of {len(big)} bytes, Connection: close", big),
         (f"a chunked body of {len(big)} bytes", big),
     ]
 
@@ -259,7 +262,8 @@ def oversized_client(t: Target, stats: Stats, rng: random.Random, until: float) 
     while time.monotonic() < until:
         what, raw = rng.choice(cases)
         body = (raw[i:i + 4096] for i in range(0, len(raw), 4096)) if what.startswith("a chunked") else raw
-        status, data = exchange(t, "POST", "/translate", body)
+        headers = {"Connection": "close"} if what.endswith("Connection: close") else None
+        status, data = exchange(t, "POST", "/translate", body, headers)
         stats.record("oversized", what, {413}, status, data)
         time.sleep(PAUSE_S)
 
