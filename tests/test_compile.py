@@ -105,6 +105,23 @@ def test_the_probe_times_each_pass_and_keeps_the_faster_of_two(monkeypatch):
     assert report.cold_s == 98.0 and report.speedup == 1.5
 
 
+@pytest.mark.parametrize("failing", ["eager", "compiled"])
+def test_a_pass_that_fails_after_its_backward_leaves_no_gradients(failing):
+    """Out of memory after the backward pass (in the optimizer's buffers, say): the error comes
+    out (CompileFailed from a compiled pass, as it is from an eager one) without gradients."""
+    eager, compiled = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    params = [*eager.parameters(), *compiled.parameters()]
+
+    def run_pass(model):
+        model(torch.ones(1, 2)).sum().backward()
+        if model is (eager if failing == "eager" else compiled):
+            raise torch.OutOfMemoryError("out of memory")
+
+    with pytest.raises(C.CompileFailed if failing == "compiled" else torch.OutOfMemoryError):
+        C.probe(run_pass, eager, compiled, torch.device("cpu"), params, Path("/cache"))
+    assert all(p.grad is None for p in params)
+
+
 @pytest.mark.parametrize("kind", ["cpu", "cuda", "mps"])
 def test_the_probe_drains_the_accelerators_queue_and_restores_its_generator(kind, monkeypatch):
     """Timing a pass on CUDA or MPS waits for the device (its work is queued), and the probe restores

@@ -298,6 +298,44 @@ def test_a_lingering_close_lasts_at_most_the_body_timeout_and_makes_room(model):
     assert noted(logs, "closing the connections that waited longest")[0] >= 1
 
 
+def test_a_lingering_close_of_a_400_ends_the_request_under_way_without_a_500(model):
+    # the request's headers came with a broken chunk and Expect: 100-continue: the 400 begins the
+    # lingering close before the request's app asks for its body, when it would write 100 Continue
+    with serving(echo_options(model)) as (port, _, logs):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n")
+            raw, orderly = recv_to_the_end(s)
+        assert orderly and status_and_body(raw)[0] == 400 and b"100 Continue" not in raw
+        wait_until(lambda: any(" POST /translate " in x for x in logs), timeout=5)  # the request's line
+        assert not any("Traceback" in x or " 500 " in x for x in logs), logs
+        assert translate(port, ["ein hund"]) == (200, {"translations": ["EIN HUND"]})
+
+
+def test_a_lingering_close_lasts_at_most_5_s_and_a_shutdown_ends_it(model):
+    opts = echo_options(model, body_timeout=30.0, max_request_sentences=1, max_sentence_chars=1)
+    with serving(opts) as (port, _, logs):
+        refused_413 = connect(port, CLOSE_HEAD % 10_000_000 + b" " * 100)
+        broken_400 = connect(port, b"POST /translate HTTP/1.1\r\nHost: localhost\r\n"
+                                   b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+        assert status_and_body(read_answer(refused_413))[0] == 413
+        assert status_and_body(read_answer(broken_400))[0] == 400
+        t0 = time.monotonic()
+        ended = {}
+        while len(ended) < 2 and time.monotonic() - t0 < 10:  # both go on sending
+            for name, s in (("413", refused_413), ("400", broken_400)):
+                if name not in ended and refused(s):
+                    ended[name] = time.monotonic() - t0
+            time.sleep(0.05)
+        assert sorted(ended) == ["400", "413"] and all(4.5 < x < 6.5 for x in ended.values()), ended
+        lingering = connect(port, CLOSE_HEAD % 10_000_000 + b" " * 100)
+        assert status_and_body(read_answer(lingering))[0] == 413
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 2  # the server stopped without waiting for the lingering connection
+    for s in (refused_413, broken_400, lingering):
+        s.close()
+
+
 def test_a_client_that_does_not_read_its_answer_is_disconnected(model):
     with serving(echo_options(model, body_timeout=0.5, max_sentence_chars=100)) as (port, _, logs):
         body = json.dumps({"text": ["big:30000000"]}).encode()

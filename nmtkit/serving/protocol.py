@@ -16,7 +16,7 @@ of them open until the process ran out of file descriptors, and then nobody was 
 - **closing while the client sends**: an answer that ends the connection (the client asked for
   `Connection: close`; a 408; a 400) is followed by a lingering close, as in nginx and Apache:
   the server stops writing (FIN after the answer) and reads and drops what still comes until the
-  client closes too, for at most `body_timeout` seconds. Closing a socket with unread bytes makes
+  client closes too, for at most 5 s (`LINGER_S`; `body_timeout` if shorter). Closing a socket with unread bytes makes
   the kernel reset the connection and drop what it has not sent yet: a loaded server's 413 lost
   its JSON body that way while the client was still sending.
 - **answer**: a client that stops reading its answer (the socket's buffers full) for
@@ -56,6 +56,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from nmtkit.serving.logs import Notes
 
 MAX_HEADER_BYTES = 16 * 1024  # h11's own default, stated: larger request headers get 400
+# A lingering close lasts at most this (or body_timeout if shorter): nginx's lingering_timeout, and
+# uvicorn's keep-alive timeout (nmtkit.serving.server), which closes an answered connection as well
+LINGER_S = 5.0
 
 
 @dataclass
@@ -180,15 +183,12 @@ class Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.conn.their_state is h11.SEND_BODY or self._lingering:
-            # the rest of the body is dropped for --body-timeout (_follow), not uvicorn's keep-alive 5 s
-            self._unset_keepalive_if_required()
         self._follow()
 
     def close_lingering(self) -> None:
         """Close the connection without a reset (the module docstring): when the client may
         still be sending, stop writing and drop what it sends until it closes too, for at most
-        `body_timeout` seconds; else close now."""
+        LINGER_S seconds (`body_timeout` if shorter); else close now."""
         t = self.transport
         if t.is_closing() or self._lingering:
             return
@@ -201,7 +201,7 @@ class Protocol(H11Protocol):
             self.cycle.message_event.set()
         t.write_eof()  # the answer, then FIN: the client reads it to the end
         self.flow.resume_reading()
-        self._set_timer("the rest of the body", self.guard.body_timeout)
+        self._set_timer("the rest of the body", min(self.guard.body_timeout, LINGER_S))
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that h11 refuses (a malformed request line, header or
