@@ -318,28 +318,76 @@ def test_a_lingering_close_of_a_400_ends_the_request_under_way_without_a_500(mod
 
 def test_a_lingering_close_lasts_at_most_5_s_and_a_shutdown_ends_it(model):
     opts = echo_options(model, body_timeout=30.0, max_request_sentences=1, max_sentence_chars=1)
-    with serving(opts) as (port, _, logs):
+    with serving(opts) as (port, srv, logs):
+        limit = srv.limits.max_body_bytes
         refused_413 = connect(port, CLOSE_HEAD % 10_000_000 + b" " * 100)
         broken_400 = connect(port, b"POST /translate HTTP/1.1\r\nHost: localhost\r\n"
                                    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+        # a 400 on a connection that was dropping the rest of a refused body (for --body-timeout, 30 s)
+        drained = connect(port, b"POST /translate HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                + b"%x\r\n" % (limit + 10) + b" " * (limit + 10) + b"\r\n")
+        assert status_and_body(read_answer(drained))[0] == 413
+        drained.sendall(b"zz\r\n")
         assert status_and_body(read_answer(refused_413))[0] == 413
         assert status_and_body(read_answer(broken_400))[0] == 400
         t0 = time.monotonic()
+        kinds = {"413": refused_413, "400": broken_400, "413 then 400": drained}
         ended = {}
-        while len(ended) < 2 and time.monotonic() - t0 < 10:  # both go on sending
-            for name, s in (("413", refused_413), ("400", broken_400)):
+        while len(ended) < 3 and time.monotonic() - t0 < 10:  # each goes on sending
+            for name, s in kinds.items():
                 if name not in ended and refused(s):
                     ended[name] = time.monotonic() - t0
             time.sleep(0.05)
-        assert sorted(ended) == ["400", "413"] and all(4.5 < x < 6.5 for x in ended.values()), ended
+        assert sorted(ended) == sorted(kinds) and all(4.3 < x < 6.5 for x in ended.values()), ended
         lingering = [connect(port, CLOSE_HEAD % 10_000_000 + b" " * 100),
                      connect(port, b"POST /translate HTTP/1.1\r\nHost: localhost\r\n"  # a request under way
                                    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")]
         assert [status_and_body(read_answer(s))[0] for s in lingering] == [413, 400]
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 2  # the server stopped without waiting for the lingering connections
-    for s in (refused_413, broken_400, *lingering):
+    for s in (*kinds.values(), *lingering):
         s.close()
+
+
+def open_connections(srv) -> list:
+    return list(srv._uvicorn.server_state.connections)
+
+
+def test_a_lingering_close_whose_client_resets_leaves_nothing_behind(model):
+    import struct
+
+    opts = echo_options(model, body_timeout=5.0, max_request_sentences=1, max_sentence_chars=1)
+    with serving(opts) as (port, srv, logs):
+        # HEAD answered while its unread body holds the reading paused, the client gone already:
+        # the FIN cannot be sent (ENOTCONN), and the connection is closed, not kept without a timer
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"HEAD /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10000000\r\n"
+                          b"Connection: close\r\n\r\n" + b" " * 100_000)
+        wait_until(lambda: not open_connections(srv), timeout=3)
+        # a client that resets its lingering connection: uvicorn's keep-alive timer goes with it
+        s = connect(port, CLOSE_HEAD % 10_000_000 + b" " * 100)
+        assert status_and_body(read_answer(s))[0] == 413
+        wait_until(lambda: len(open_connections(srv)) == 1 and open_connections(srv)[0]._lingering, timeout=2)
+        [protocol] = open_connections(srv)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # a reset
+        wait_until(lambda: not open_connections(srv), timeout=2)
+        assert protocol.timeout_keep_alive_task is None and protocol._timer is None
+    assert not any("Traceback" in x or "Exception" in x for x in logs), logs
+
+
+def test_a_shutdown_does_not_linger_after_the_answer_it_waited_for(model):
+    body = json.dumps({"text": ["ein hund"]}).encode()
+    pipelined = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"  # unread when the answer ends the connection
+    with serving(echo_options(model, body_timeout=5.0), Echo(delay=1.0)) as (port, srv, _):
+        s = connect(port, POST_HEAD % len(body) + body + pipelined)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        srv.stop()
+        assert status_and_body(read_answer(s)) == (200, {"translations": ["EIN HUND"]})
+    assert time.monotonic() - t0 < 3  # not the answer's 1 s plus a lingering close's 5 s
+    s.close()
 
 
 def test_a_client_that_does_not_read_its_answer_is_disconnected(model):

@@ -144,11 +144,12 @@ class Protocol(H11Protocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
-        self._waiting_for: str | None = None  # "headers" or "the rest of the body" (discarded)
+        self._waiting_for: str | None = None  # "headers", "the rest of the body" (discarded) or "lingering"
         self._write_timer: asyncio.TimerHandle | None = None
         self._partial = False  # bytes of the next request's headers arrived
         self._refused = False
         self._lingering = False  # no more answers: what arrives is dropped until the client closes
+        self._stopping = False  # the server is shutting down: no lingering
 
     # -- the connection's life
 
@@ -192,16 +193,19 @@ class Protocol(H11Protocol):
         t = self.transport
         if t.is_closing() or self._lingering:
             return
-        if self.conn.their_state not in (h11.SEND_BODY, h11.ERROR) and not self.conn.trailing_data[0]:
+        sending = self.conn.their_state in (h11.SEND_BODY, h11.ERROR) or self.conn.trailing_data[0]
+        if not sending or self._stopping:
             t.close()
             return
         self._lingering = True
         if self.cycle is not None and not self.cycle.response_complete:  # a 400 amid a request: its app
             self.cycle.disconnected = True  # sees the client gone, as when the connection is lost
             self.cycle.message_event.set()
-        t.write_eof()  # the answer, then FIN: the client reads it to the end
-        self.flow.resume_reading()
-        self._set_timer("the rest of the body", min(self.guard.body_timeout, LINGER_S))
+        self._set_timer("lingering", min(self.guard.body_timeout, LINGER_S))  # whatever it waited for before
+        try:
+            t.write_eof()  # the answer, then FIN: the client reads it to the end
+        except OSError:  # the client has reset the connection already
+            t.abort()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that h11 refuses (a malformed request line, header or
@@ -220,6 +224,7 @@ class Protocol(H11Protocol):
             self._write_timer.cancel()
             self._write_timer = None
         super().connection_lost(exc)
+        self._unset_keepalive_if_required()  # uvicorn cancels it only when the connection ended without an error
 
     # -- timers
 
@@ -298,9 +303,10 @@ class Protocol(H11Protocol):
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown of this connection: close it unless a complete request
-        is being answered (an upload still arriving is dropped)."""
+        is being answered (an upload still arriving is dropped); from now on, no lingering close."""
         if self._refused:
             return
+        self._stopping = True
         if self._lingering:
             self.transport.close()
         elif self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
