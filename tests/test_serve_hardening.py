@@ -269,6 +269,11 @@ def test_an_answer_that_ends_the_connection_is_followed_by_a_lingering_close_not
                       b"zz\r\n" + b" " * 1_000_000)
             raw, orderly = recv_to_the_end(s)
         assert orderly and status_and_body(raw)[0] == 400
+        # a request read to its end is answered and closed at once: nothing is left to drop
+        body = json.dumps({"text": ["a"]}).encode()
+        with connect(port, CLOSE_HEAD % len(body) + body) as s:
+            assert status_and_body(read_answer(s)) == (200, {"translations": ["A"]})
+            wait_until(lambda: refused(s), timeout=1)
 
 
 def test_a_lingering_close_lasts_at_most_the_body_timeout_and_makes_room(model):
