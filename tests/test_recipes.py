@@ -443,9 +443,31 @@ def test_multilingual_smoke(tmp_path):
     assert [m[:2] for m in ML_MEAN.findall(r3.stdout)] == [("6", "supervised"), ("6", "zero-shot")], r3.stdout
 
 
+def test_multilingual_pair_smoke(tmp_path):
+    """MODE=pair: one direction's bilingual baseline through the same pipeline (here fr-de, no
+    English): its data directory holds that pair alone, the table one row."""
+    data = shared_file("multi30k", "train.cs.gz").parent
+    work = tmp_path / "pair"
+    r = _run(["bash", "recipes/multilingual.sh", "--smoke"], _env(work, NMTKIT_DATA=str(data), MODE="pair", PAIR="fr-de"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = ML_ROW.findall(r.stdout)
+    assert [(row[0], row[2]) for row in rows] == [("fr-de", "no")], r.stdout
+    assert [m[:2] for m in ML_MEAN.findall(r.stdout)] == [("1", "supervised")], r.stdout
+    manifest = json.loads((work / "data" / "manifest.json").read_text())
+    assert manifest["multilingual"]["pairs"] == ["fr-de"] and sorted(manifest["multilingual"]["langs"]) == ["de", "fr"]
+    assert sorted(f.name for f in (work / "raw").glob("test.*.gz")) == ["test.de.gz", "test.fr.gz"]
+    hyps = _hyps(work / "results" / "fr-de.hyp")
+    assert len(hyps) == 200 and not [h for h in hyps if ">>" in h]
+    assert "trained with 300 updates" in r.stdout
+
+
 def test_multilingual_refuses_bad_settings(tmp_path):
     env = _env(tmp_path / "w", SMOKE="1")
-    for extra, msg in [({"MODE": "pivot"}, "MODE must be all or english-centric, got 'pivot'"),
+    for extra, msg in [({"MODE": "pivot"}, "MODE must be all, english-centric or pair, got 'pivot'"),
+                       ({"MODE": "pair"}, "MODE=pair needs PAIR=SRC-TGT, two different languages of de en fr cs, got ''"),
+                       ({"MODE": "pair", "PAIR": "de-de"}, "two different languages of de en fr cs, got 'de-de'"),
+                       ({"MODE": "pair", "PAIR": "de-en/../x"}, "two different languages of de en fr cs, got 'de-en/../x'"),
+                       ({"PAIR": "de-en"}, "PAIR=de-en needs MODE=pair (MODE is all)"),
                        ({"VALIDATE_INTERVAL": "often"}, "VALIDATE_INTERVAL must be a non-negative integer, got 'often'"),
                        ({"STAGE": "translate"}, "STAGE=translate is not a stage; stages: data preprocess train average generate score")]:
         r = _run(["bash", "recipes/multilingual.sh"], {**env, **extra})
