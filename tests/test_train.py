@@ -228,6 +228,25 @@ def test_patience_and_best_checkpoint(data_dir, tmp_path, monkeypatch):
     assert [r["bad_validations"] for r in valid] == [0, 0, 1, 2]
 
 
+def test_target_bleu_stops_at_the_first_validation_that_reaches_it(data_dir, tmp_path, monkeypatch, run_cli):
+    """--target-bleu: training stops right after the validation whose BLEU reaches the target
+    (here the third: 10, 20, 30 against 25), saves that update's checkpoint and says why; a
+    validation below it, or at an epoch's end, does not stop it."""
+    from nmtkit.training.validation import Validator
+
+    scores = iter([10.0, 20.0, 30.0, 40.0])
+    monkeypatch.setattr(Validator, "bleu", lambda self, *a, **k: next(scores))
+    r = run_cli("train", data_dir, "--arch", "transformer_tiny", "--save-dir", tmp_path / "t", "--max-update", "50",
+                "--max-tokens", "256", "--threads", "1", "--no-progress-bar", "--eval-bleu", "--target-bleu", "25",
+                "--validate-interval-updates", "2")
+    assert r.code == 0, r
+    assert "validation BLEU reached --target-bleu 25: update 6" in r.out
+    log = read_log(tmp_path / "t" / "train_log.jsonl")
+    assert [(x["update"], x["bleu"]) for x in log if x["type"] == "valid"] == [(2, 10.0), (4, 20.0), (6, 30.0)]
+    assert log[-1]["type"] == "end" and log[-1]["reason"] == "target_bleu" and log[-1]["update"] == 6
+    assert ck.load_checkpoint(tmp_path / "t" / "checkpoint_last.pt")["update"] == 6
+
+
 def test_clear_errors(data_dir, tmp_path):
     with pytest.raises(UserError, match="data directory not found"):
         T.train(config(tmp_path / "nowhere", tmp_path / "x"))
@@ -289,6 +308,9 @@ def test_cli_train_and_flag_errors(data_dir, tmp_path, run_cli):
         (["--max-time", "soon"], "--max-time expects a duration"),
         (["--adam-betas", "0.9"], "--adam-betas expects two numbers"),
         (["--best-checkpoint-metric", "bleu"], "needs --eval-bleu"),
+        (["--target-bleu", "30"], "--target-bleu needs --eval-bleu (the BLEU it is compared with)"),
+        (["--target-bleu", "101", "--eval-bleu"], "--target-bleu must be a BLEU score from 0 to 100"),
+        (["--target-bleu", "nan", "--eval-bleu"], "--target-bleu must be a finite number, got nan"),
     ]:
         r = run_cli("train", data_dir, "--arch", "transformer_tiny", "--save-dir", tmp_path / "e", *args)
         assert r.code == 2 and msg in r.err, (args, r)
@@ -396,6 +418,13 @@ def test_stop_reason_rules_and_their_order(tmp_path):
     assert stop_reason(cfg, TrainState(update=3, bad_validations=2), sig, "update") == "signal"
     assert stop_reason(cfg, TrainState(update=3), late, "update") == "max_time"
     assert stop_reason(cfg, TrainState(update=3), none, "update") is None
+    # --target-bleu: first, but only with a validation's BLEU at this moment, and only when set
+    aim = config(tmp_path, tmp_path, max_update=10, max_epoch=2, patience=2, eval_bleu=True, target_bleu=30.0)
+    assert stop_reason(aim, st, sig, "update", validated=True, bleu=30.0) == "target_bleu"
+    assert stop_reason(aim, st, sig, "update", validated=True, bleu=29.99) == "patience"
+    assert stop_reason(aim, TrainState(update=3), none, "update", validated=True, bleu=None) is None
+    assert stop_reason(aim, st, sig, "epoch_end", finished_epoch=2, bleu=31.0) == "target_bleu"
+    assert stop_reason(cfg, TrainState(update=3), none, "update", validated=True, bleu=99.0) is None
     # at an epoch end: max_update, max_epoch, patience, signal, max_time
     assert stop_reason(cfg, st, sig, "epoch_end", finished_epoch=2) == "max_update"
     assert stop_reason(cfg, TrainState(update=3, bad_validations=2), sig, "epoch_end", finished_epoch=2) == "max_epoch"

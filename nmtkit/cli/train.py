@@ -33,7 +33,8 @@ def train_cmd(cfg: TrainConfig, arch_overrides: Optional[dict] = None) -> None:
     cfg = cfg.with_arch_overrides(arch_overrides)
     result = train(cfg)
     best = f"; best {cfg.best_checkpoint_metric} {result.best:.4f}" if result.best is not None else ""
-    messages = STOP_MESSAGES | {"patience": f"no improvement in {cfg.patience} validations (--patience)"}
+    messages = STOP_MESSAGES | {"patience": f"no improvement in {cfg.patience} validations (--patience)",
+                                "target_bleu": f"validation BLEU reached --target-bleu {cfg.target_bleu:g}"}
     print(f"{messages.get(result.reason, result.reason)}: update {result.update}, epoch {result.epoch}{best}; "
           f"checkpoints in {cfg.save_dir}")
     if result.reason == "signal":

@@ -135,6 +135,7 @@ class TrainConfig:
     eval_bleu_lenpen: float = setting(0.6, flag="--eval-bleu-lenpen", panel=P_VALID, help="Length penalty alpha (GNMT form) for --eval-bleu with a beam.")
     eval_bleu_max_len_a: float = setting(1.2, flag="--eval-bleu-max-len-a", panel=P_VALID, help="--eval-bleu output limit: a * source length + b.")
     eval_bleu_max_len_b: int = setting(10, flag="--eval-bleu-max-len-b", panel=P_VALID, help="--eval-bleu output limit: a * source length + b.")
+    target_bleu: float = setting(0.0, flag="--target-bleu", panel=P_VALID, help="Stop once a validation's BLEU (--eval-bleu; the mean over directions when multilingual) reaches this: time to quality, as MLPerf's translation benchmark measures it. 0 = never.")
     best_checkpoint_metric: str = setting("loss", flag="--best-checkpoint-metric", panel=P_VALID, help="loss (validation nll, lower is better) or bleu (needs --eval-bleu) chooses checkpoint_best.pt and drives --patience.")
     ema_decay: float = setting(0.0, flag="--ema-decay", panel=P_VALID, help="Keep an exponential moving average of the weights with this decay (e.g. 0.9999); validation then uses it. 0 = off.")
     # checkpoints
@@ -242,6 +243,10 @@ class TrainConfig:
             )
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
             raise UserError("--best-checkpoint-metric bleu needs --eval-bleu")
+        if not 0.0 <= self.target_bleu <= 100.0:  # NaN fails too
+            raise UserError(f"--target-bleu must be a BLEU score from 0 to 100 (0: never stop by it), got {self.target_bleu}")
+        if self.target_bleu and not self.eval_bleu:
+            raise UserError("--target-bleu needs --eval-bleu (the BLEU it is compared with)")
         if self.no_validate and (self.patience or self.eval_bleu or self.validate_interval_updates):
             raise UserError("--no-validate cannot be combined with --patience, --eval-bleu or --validate-interval-updates")
         if not 0.0 <= self.ema_decay < 1.0:

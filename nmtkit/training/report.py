@@ -18,7 +18,7 @@ Log records (every record has "type", "time" (UTC ISO) and "update"):
         one per later epoch of a run; the start record holds "padding" of the epoch it starts in
     {"type": "skip", "reason": "nan" | "oom" | "fp16_overflow", ...}
     {"type": "checkpoint", "files": [...], "seconds": s}
-    {"type": "end", "reason": "max_update" | "max_epoch" | "max_time" | "patience" | "signal" | ...}
+    {"type": "end", "reason": "max_update" | "max_epoch" | "max_time" | "patience" | "target_bleu" | "signal" | ...}
 
 With --tensorboard-logdir the train and valid records are also TensorBoard scalars (TB_TRAIN,
 TB_VALID: train/loss, train/nll_loss, train/ppl, train/lr, train/gnorm, train/tgt_tok_per_s,

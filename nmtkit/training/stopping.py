@@ -1,7 +1,7 @@
 """When training stops: every stopping rule of `nmtkit train` in one function, `stop_reason`.
 
-Why one function: the rules (--max-update, --max-epoch, --max-time, --patience, a signal,
---max-nan-skips, and "already done" at start) are checked at four moments of the loop, and
+Why one function: the rules (--max-update, --max-epoch, --max-time, --patience, --target-bleu, a
+signal, --max-nan-skips, and "already done" at start) are checked at four moments of the loop, and
 their order decides which reason the log and the final message give when several hold at once.
 Keeping them together keeps that order visible and lets fine-tuning reuse it unchanged.
 
@@ -10,10 +10,12 @@ The moments, in the order the loop reaches them:
               --max-epoch does nothing ("already_done");
   "step"      right after every update, before anything is saved: --max-nan-skips NaN/inf
               updates in a row raise TrainingStopped (checkpoint_last.pt stays the last good one);
-  "update"    after an update inside an epoch (and its validation, if one ran): patience (only
-              right after a validation), max_update, signal, max_time;
-  "epoch_end" after the epoch's validation and checkpoint: max_update, max_epoch, patience,
-              signal, max_time.
+  "update"    after an update inside an epoch (and its validation, if one ran): target_bleu and
+              patience (only right after a validation), max_update, signal, max_time;
+  "epoch_end" after the epoch's validation and checkpoint: target_bleu (when that validation
+              ran), max_update, max_epoch, patience, signal, max_time.
+The target comes first: a run that reached the quality it was run for says so, whatever else
+also holds.
 Before an epoch's end, `check_epoch_progress` stops a run whose every batch ran out of memory
 (one process skips such batches one by one; without this rule it would start epoch after epoch).
 """
@@ -58,12 +60,14 @@ def check_epoch_progress(epoch: int, updates: int, oom_skips: int) -> None:
 
 
 def stop_reason(cfg: TrainConfig, st, flags: LoopFlags, at: str, *, validated: bool = False,
-                finished_epoch: int = 0) -> str | None:
+                finished_epoch: int = 0, bleu: float | None = None) -> str | None:
     """The reason to stop now (the log's `end` reason), or None; see the module docstring.
 
     `st` is the TrainState; `validated`: a validation ran at this update ("update");
-    `finished_epoch`: the epoch that just ended ("epoch_end"). Raises TrainingStopped ("step").
+    `finished_epoch`: the epoch that just ended ("epoch_end"); `bleu`: the BLEU of a validation
+    that ran at this moment. Raises TrainingStopped ("step").
     """
+    target = bool(cfg.target_bleu) and bleu is not None and bleu >= cfg.target_bleu
     max_update = bool(cfg.max_update) and st.update >= cfg.max_update
     patience = bool(cfg.patience) and st.bad_validations >= cfg.patience
     if at == "start":
@@ -74,9 +78,9 @@ def stop_reason(cfg: TrainConfig, st, flags: LoopFlags, at: str, *, validated: b
                                   f"(--max-nan-skips {cfg.max_nan_skips}); training stopped at update {st.update}")
         return None
     if at == "update":
-        rules = [("patience", patience and validated), ("max_update", max_update)]
+        rules = [("target_bleu", target), ("patience", patience and validated), ("max_update", max_update)]
     elif at == "epoch_end":
-        rules = [("max_update", max_update), ("max_epoch", bool(cfg.max_epoch) and finished_epoch >= cfg.max_epoch),
+        rules = [("target_bleu", target), ("max_update", max_update), ("max_epoch", bool(cfg.max_epoch) and finished_epoch >= cfg.max_epoch),
                  ("patience", patience)]
     else:
         raise ValueError(f"unknown moment {at!r}")

@@ -828,9 +828,8 @@ class Trainer:
         cfg, st, lp = self.cfg, self.state, self.loop
         validated = bool(self.has_valid and cfg.validate_interval_updates and out.applied
                          and st.update % cfg.validate_interval_updates == 0)
-        if validated:
-            self._validate()
-        reason = stop_reason(cfg, st, lp.flags, "update", validated=validated)
+        bleu = self._validate().get("bleu") if validated else None
+        reason = stop_reason(cfg, st, lp.flags, "update", validated=validated, bleu=bleu)
         if reason != "patience":  # patience: no interval checkpoint, only the final save
             interval_due = out.applied and cfg.save_interval_updates and st.update % cfg.save_interval_updates == 0
             if interval_due or lp.flags.timed_save:
@@ -849,14 +848,15 @@ class Trainer:
         finished = st.epoch
         st.epoch += 1
         st.batch_offset = 0
+        bleu = None
         if self.has_valid and self.loop.last_valid_update != st.update:
-            self._validate()
+            bleu = self._validate().get("bleu")
         names = [] if cfg.no_epoch_checkpoints else [f"checkpoint{finished}.pt"]
         if cfg.save_interval_updates and st.update % cfg.save_interval_updates == 0 and \
                 self.loop.saved_at_update != st.update:
             names.append(f"checkpoint_{finished}_{st.update}.pt")
         self._save(names)
-        return stop_reason(cfg, st, self.loop.flags, "epoch_end", finished_epoch=finished)
+        return stop_reason(cfg, st, self.loop.flags, "epoch_end", finished_epoch=finished, bleu=bleu)
 
 
 class _SaveDirLock:
