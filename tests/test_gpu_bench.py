@@ -1,7 +1,7 @@
 """recipes/bench/gpu.sh, the one-sitting GPU benchmark, kept runnable: its `--device cpu --tiny` mode
 runs every stage (environment and GEMM rate, tests/test_cuda.py, the training step eager and
-compiled, the quickstart pipeline for a few seconds, generate's speed) on transformer_tiny, and the
-JSON must hold each stage with its numbers; a stage's time limit stops it and is recorded, and
+compiled, the quickstart pipeline for a few seconds, the time to a BLEU target, generate's speed) on
+transformer_tiny, and the JSON must hold each stage with its numbers; a stage's time limit stops it and is recorded, and
 pytest's counts are read from its summary line. Subprocesses in temporary folders, one CPU thread."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.conftest import REPO, shared_file
 
 pytestmark = pytest.mark.slow
 
-STAGES = ("env", "cuda_tests", "train_step", "quickstart", "generate_speed")
+STAGES = ("env", "cuda_tests", "train_step", "quickstart", "time_to_bleu", "generate_speed")
 
 
 def _run(tmp_path: Path, *args: str, data: Path | None = None) -> tuple[subprocess.CompletedProcess, dict]:
@@ -87,6 +87,16 @@ def test_tiny_mode_runs_every_stage_with_numbers(tmp_path):
     assert isinstance(qs["bleu"], float) and 0 <= qs["bleu"] <= 100, qs
     assert qs["steps"]["score"]["score_line"].startswith("BLEU = "), qs["steps"]["score"]
 
+    tb = st["time_to_bleu"]  # a token target for transformer_tiny: reached or not, every step ran
+    assert tb["status"] in ("ok", "not_reached") and tb["target_bleu"] == 0.1, tb
+    assert tb["reached"] == (tb["status"] == "ok") == (tb["steps"]["train"]["end_reason"] == "target_bleu"), tb
+    assert tb["valid_bleu"] and all(isinstance(b, float) for _, b in tb["valid_bleu"]), tb
+    if tb["reached"]:  # stopped by the first validation at or above the target
+        assert tb["valid_bleu"][-1][1] >= 0.1 > max([b for _, b in tb["valid_bleu"][:-1]] + [0.0]), tb
+        assert _positive(tb["seconds_to_target"]) and tb["update_at_target"] == tb["valid_bleu"][-1][0], tb
+    assert isinstance(tb["test_bleu_fairseq_decoding"], float), tb
+    assert tb["steps"]["generate"]["status"] == tb["steps"]["score"]["status"] == "ok", tb
+
     gs = st["generate_speed"]
     assert gs["status"] == "ok", gs
     assert [run["precision"] for run in gs["runs"]] == ["fp32", "bf16"], gs
@@ -117,7 +127,7 @@ def test_pytest_counts_and_failures_are_recorded(tmp_path):
         def test_skipped():
             pass
     """))
-    r, res = _run(tmp_path, "--skip", "env,train_step,quickstart,generate_speed", "--cuda-tests", str(fake))
+    r, res = _run(tmp_path, "--skip", "env,train_step,quickstart,time_to_bleu,generate_speed", "--cuda-tests", str(fake))
     ct = res["stages"]["cuda_tests"]
     assert ct["status"] == "failed" and r.returncode == 1, ct
     assert (ct["passed"], ct["failed"], ct["skipped"], ct["errors"]) == (1, 1, 1, 0), ct
@@ -128,7 +138,7 @@ def test_pytest_counts_and_failures_are_recorded(tmp_path):
 def test_a_stage_over_its_time_limit_is_stopped_and_recorded(tmp_path):
     fake = tmp_path / "test_hangs.py"
     fake.write_text("import time\n\ndef test_passes():\n    pass\n\ndef test_hangs():\n    time.sleep(300)\n")
-    r, res = _run(tmp_path, "--skip", "env,train_step,quickstart,generate_speed", "--cuda-tests", str(fake),
+    r, res = _run(tmp_path, "--skip", "env,train_step,quickstart,time_to_bleu,generate_speed", "--cuda-tests", str(fake),
                   "--budget", "12")
     ct = res["stages"]["cuda_tests"]
     assert ct["status"] == "timeout" and r.returncode == 1, ct

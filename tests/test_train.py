@@ -309,6 +309,7 @@ def test_cli_train_and_flag_errors(data_dir, tmp_path, run_cli):
         (["--adam-betas", "0.9"], "--adam-betas expects two numbers"),
         (["--best-checkpoint-metric", "bleu"], "needs --eval-bleu"),
         (["--target-bleu", "30"], "--target-bleu needs --eval-bleu (the BLEU it is compared with)"),
+        (["--eval-bleu-decoding", "marian"], "--eval-bleu-decoding must be one of paper, fairseq, got 'marian'"),
         (["--target-bleu", "101", "--eval-bleu"], "--target-bleu must be a BLEU score from 0 to 100"),
         (["--target-bleu", "nan", "--eval-bleu"], "--target-bleu must be a finite number, got nan"),
     ]:
@@ -379,7 +380,10 @@ def test_validation_bleu_plumbing(monkeypatch):
     v = Validator(src_ds, tgt_ds, max_tokens=100, max_sentences=None, max_source_positions=64,
                   max_target_positions=64, pad_multiple=1, info=D.DistInfo())
 
+    configs = []
+
     def perfect(model, src_tokens, cfg, sentence_ids=None):
+        configs.append(cfg)
         # the source length identifies the pair in this toy set: 2 -> 0, 1 -> 1, 3 -> 2
         lengths = (src_tokens != 0).sum(1).tolist()
         return [[S.Hypothesis(tokens=tgt[{3: 0, 2: 1, 4: 2}[n]], score=0.0, logprob=0.0)] for n in lengths]
@@ -399,6 +403,10 @@ def test_validation_bleu_plumbing(monkeypatch):
     hyps = [to_text(tgt[0]), to_text(tgt[1]), to_text(tgt[2])]
     refs = [to_text(t) for t in tgt_copy]
     assert score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    # the decoding rules: the paper's by default, fairseq's on request (--eval-bleu-decoding)
+    assert {(c.lenpen_form, c.early_stop) for c in configs} == {("gnmt", "bound")}
+    v.bleu(model, torch.device("cpu"), contextlib.nullcontext, to_text, decoding="fairseq", **kw)
+    assert (configs[-1].lenpen_form, configs[-1].early_stop, configs[-1].beam) == ("fairseq", "beam", 1)
 
 
 def test_stop_reason_rules_and_their_order(tmp_path):

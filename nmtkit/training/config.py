@@ -133,6 +133,7 @@ class TrainConfig:
     eval_bleu: bool = setting(False, flag="--eval-bleu", panel=P_VALID, help="Also decode the valid split and compute sacreBLEU at each validation.")
     eval_bleu_beam: int = setting(1, flag="--eval-bleu-beam", panel=P_VALID, help="Beam size for --eval-bleu (1 = greedy).")
     eval_bleu_lenpen: float = setting(0.6, flag="--eval-bleu-lenpen", panel=P_VALID, help="Length penalty alpha (GNMT form) for --eval-bleu with a beam.")
+    eval_bleu_decoding: str = setting("paper", flag="--eval-bleu-decoding", panel=P_VALID, help="--eval-bleu's length penalty and stopping rule, as generate's --decoding: paper (GNMT penalty, exact stopping) or fairseq (|Y|^alpha, stop once --eval-bleu-beam hypotheses finished).")
     eval_bleu_max_len_a: float = setting(1.2, flag="--eval-bleu-max-len-a", panel=P_VALID, help="--eval-bleu output limit: a * source length + b.")
     eval_bleu_max_len_b: int = setting(10, flag="--eval-bleu-max-len-b", panel=P_VALID, help="--eval-bleu output limit: a * source length + b.")
     target_bleu: float = setting(0.0, flag="--target-bleu", panel=P_VALID, help="Stop once a validation's BLEU (--eval-bleu; the mean over directions when multilingual) reaches this: time to quality, as MLPerf's translation benchmark measures it. 0 = never.")
@@ -236,6 +237,11 @@ class TrainConfig:
         from nmtkit.search.config import check_lenpen
 
         check_lenpen(self.eval_bleu_lenpen, "--eval-bleu-lenpen")
+        from nmtkit.search.config import DECODING_PRESETS
+
+        if self.eval_bleu_decoding not in DECODING_PRESETS:
+            raise UserError(f"--eval-bleu-decoding must be one of {', '.join(DECODING_PRESETS)}, "
+                            f"got {self.eval_bleu_decoding!r}")
         self._require_non_negative("eval_bleu_max_len_b")
         if self.best_checkpoint_metric not in BEST_METRICS:
             raise UserError(

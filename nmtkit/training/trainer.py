@@ -518,7 +518,7 @@ class Trainer:
         if cfg.eval_bleu:
             out["bleu"] = validator.bleu(
                 model, self.device, self._autocast, self._to_text, beam=cfg.eval_bleu_beam,
-                lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
+                lenpen=cfg.eval_bleu_lenpen, decoding=cfg.eval_bleu_decoding, max_len_a=cfg.eval_bleu_max_len_a,
                 max_len_b=cfg.eval_bleu_max_len_b, max_target_positions=self.arch_cfg.max_target_positions,
             )
         return out

@@ -95,17 +95,19 @@ class Validator:
         max_len_a: float,
         max_len_b: int,
         max_target_positions: int,
+        decoding: str = "paper",
     ) -> float:
-        """Corpus sacreBLEU (13a, cased) of decoded valid sources against the valid targets."""
+        """Corpus sacreBLEU (13a, cased) of decoded valid sources against the valid targets;
+        `decoding`: the length penalty and stopping rule (search.config.DECODING_PRESETS)."""
         import sacrebleu
 
         from nmtkit.search.beam import search
-        from nmtkit.search.config import SearchConfig
+        from nmtkit.search.config import DECODING_PRESETS, SearchConfig
 
         was_training = model.training
         model.eval()
         scfg = SearchConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b,
-                            max_len_cap=max_target_positions - 1)
+                            max_len_cap=max_target_positions - 1, **DECODING_PRESETS[decoding])
         local: list[tuple[int, str, str]] = []
         for idx in self.batches:
             b = collate(self.src_ds, self.tgt_ds, idx, self.pad_multiple).to(device)

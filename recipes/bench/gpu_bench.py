@@ -20,10 +20,17 @@ hangs, crashes or runs out of memory is recorded as such and the next one still 
                   preprocess, `nmtkit train` for a fixed wall-clock time (--max-time; data loading,
                   validation, logging and checkpoints included), average-checkpoints, generate (beam
                   4, batch 128) and sacreBLEU: wall time of every step, updates, tokens/s and BLEU
+  time_to_bleu    time to quality: `nmtkit train` of the quickstart's model on its data directory,
+                  validated on test_2016_flickr (--valid-subset test) with --eval-bleu (beam 4,
+                  fairseq's decoding) every few updates and at epoch ends, stopped by --target-bleu
+                  35.0 (or its time limit):
+                  the training seconds until the target was reached (the log's `end` record) and
+                  the process's wall time; then the stopping checkpoint translates the test set
+                  with fairseq's decoding (--decoding fairseq, beam 4) and sacreBLEU confirms it
   generate_speed  `nmtkit generate` at batch 128, beam 4, fp32 and bf16, on the test sources
                   repeated: sentences/s and tokens/s from generate's own summary line
 
-The whole run has a budget (--budget, default 480 s on a GPU): every step's time limit is cut so
+The whole run has a budget (--budget, default 560 s on a GPU): every step's time limit is cut so
 that the steps after it keep their minimum share, and a step left without its minimum is recorded
 as skipped. The JSON (rewritten after every step, so a run killed from outside still leaves the
 stages done so far) and a log of every command and its output go to --out (default
@@ -60,7 +67,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PY = ROOT / "recipes" / "bench" / "model.py"
 WORK_MARKER = ".nmtkit-gpu-bench"
-STAGES = ("env", "cuda_tests", "train_step", "quickstart", "generate_speed")
+STAGES = ("env", "cuda_tests", "train_step", "quickstart", "time_to_bleu", "generate_speed")
 M30K = {"train": "train", "valid": "val", "test": "test_2016_flickr"}  # split -> Multi30k file stem
 GEN_SUMMARY = re.compile(
     r"(?:translated|scored) ([\d,]+) sentences \(([\d,]+) target tokens\) in ([\d.]+)s: ([\d,.]+) sentences/s, "
@@ -100,6 +107,8 @@ class Settings:
     gen_repeat: int
     gen_precisions: tuple[str, ...]
     threads: int
+    target_bleu: float  # time_to_bleu: the BLEU that stops training
+    ttq_interval: int  # time_to_bleu: validate every N updates (and at epoch ends)
     limits: dict = field(default_factory=dict)  # step -> (limit, minimum)
 
 
@@ -108,10 +117,10 @@ def gpu_settings(train_seconds: float | None) -> Settings:
     # 164 on an H200), train_step eager 13 (base) + 18 (big); compiled: cold inductor compilation
     # of the training step with dynamic shapes takes 95 (base) and 83 (big), so each compiled run
     # gets 110 and measures the first one or two sizes; quickstart 48, generate_speed 2 x 7.
-    # About 430 of the 480 s budget.
+    # About 430 s; time_to_bleu (new, not yet run on a GPU) gets up to 120 s of training of what is left.
     t = 30.0 if train_seconds is None else train_seconds
     return Settings(
-        budget=480, gemm_n=8192, archs=("transformer_base", "transformer_big"), dtype="bf16",
+        budget=560, gemm_n=8192, archs=("transformer_base", "transformer_big"), dtype="bf16",
         tokens=(8192, 16384, 32768, 65536, 131072), length=32, vocab=37000, steps=10, warmup=3,
         compile_backend="inductor", train_step_limits={"eager": (35, 15), "compile": (110, 45)},
         train_lines=0, valid_lines=0, test_lines=0, vocab_size=8000,
@@ -122,8 +131,10 @@ def gpu_settings(train_seconds: float | None) -> Settings:
                     "--dropout", "0.1"],
         lr="1e-3", warmup_updates=400, max_tokens=2048, train_seconds=t, log_interval=50, precision="bf16",
         gen_repeat=4, gen_precisions=("fp32", "bf16"), threads=min(os.cpu_count() or 1, 8),
+        target_bleu=35.0, ttq_interval=100,  # the quickstart's updates take ~16 ms: a validation every ~2 s
         limits={"env": (45, 15), "cuda_tests": (180, 30), "data": (20, 5), "preprocess": (45, 15),
                 "train": (t + 45, t + 15), "average": (25, 10), "generate": (40, 15), "score": (20, 5),
+                "ttq_train": (150, 40), "ttq_generate": (30, 10), "ttq_score": (20, 5),
                 "generate_speed": (30, 10)},
     )
 
@@ -137,9 +148,10 @@ def tiny_settings(train_seconds: float | None) -> Settings:
         train_lines=2000, valid_lines=200, test_lines=100, vocab_size=1000,
         arch_flags=["--arch", "transformer_tiny"], lr="1e-3", warmup_updates=10, max_tokens=1024,
         train_seconds=t, log_interval=10, precision="fp32", gen_repeat=1, gen_precisions=("fp32", "bf16"),
-        threads=1,
+        threads=1, target_bleu=0.1, ttq_interval=10,  # transformer_tiny in seconds: a token target
         limits={"env": (60, 10), "cuda_tests": (120, 10), "data": (20, 5), "preprocess": (90, 10),
                 "train": (t + 60, t + 10), "average": (30, 5), "generate": (60, 10), "score": (30, 5),
+                "ttq_train": (t + 60, t + 10), "ttq_generate": (60, 10), "ttq_score": (30, 5),
                 "generate_speed": (60, 10)},
     )
 
@@ -282,6 +294,8 @@ class Bench:
                 out += len(s.archs) * (s.train_step_limits["eager"][1] + s.train_step_limits["compile"][1])
             elif st == "quickstart":
                 out += sum(s.limits[k][1] for k in ("data", "preprocess", "train", "average", "generate", "score"))
+            elif st == "time_to_bleu":
+                out += sum(s.limits[k][1] for k in ("ttq_train", "ttq_generate", "ttq_score"))
             elif st == "generate_speed":
                 out += len(s.gen_precisions) * s.limits["generate_speed"][1]
         return out
@@ -310,7 +324,8 @@ class Bench:
         self.result["summary"] = self.summary()
         self.save()
         self.print_summary()
-        bad = [k for k, v in self.result["stages"].items() if v.get("status") not in ("ok", "absent")
+        done = ("ok", "absent", "not_reached")  # a target not reached in time is a figure, not a failure
+        bad = [k for k, v in self.result["stages"].items() if v.get("status") not in done
                and not (v.get("status") == "skipped" and v.get("reason") == "--skip")]
         return 1 if bad else 0
 
@@ -511,6 +526,64 @@ class Bench:
             rec["status"] = "partial"
         return rec
 
+    def stage_time_to_bleu(self) -> dict:
+        s, py = self.s, self.py
+        if self.data_dir is None or self.raw is None:
+            return {"status": "skipped", "reason": "needs the quickstart stage's data directory"}
+        order = ["ttq_train", "ttq_generate", "ttq_score"]
+
+        def keep(step: str) -> float:
+            return self.keep_after("time_to_bleu") + sum(s.limits[k][1] for k in order[order.index(step) + 1:])
+
+        ckpt, dev = self.work / "time_to_bleu", ["--device", self.device] + (
+            ["--threads", str(s.threads)] if self.device == "cpu" else [])
+        steps: dict = {}
+        rec = {"status": "failed", "steps": steps, "target_bleu": s.target_bleu, "arch_flags": s.arch_flags,
+               "validate_interval_updates": s.ttq_interval, "valid_subset": "test (test_2016_flickr)",
+               "precision": s.precision, "max_tokens": s.max_tokens}
+        tr = self.step("ttq_train", [
+            py, "-m", "nmtkit", "train", self.data_dir, *s.arch_flags, "--save-dir", ckpt,
+            "--lr-scheduler", "inverse_sqrt", "--lr", s.lr, "--warmup-updates", str(s.warmup_updates),
+            "--max-tokens", str(s.max_tokens), "--valid-subset", "test", "--eval-bleu", "--eval-bleu-beam", "4",
+            "--eval-bleu-decoding", "fairseq",
+            "--eval-bleu-max-len-a", "1", "--eval-bleu-max-len-b", "50", "--target-bleu", f"{s.target_bleu:g}",
+            "--validate-interval-updates", str(s.ttq_interval), "--no-epoch-checkpoints", "--seed", "1",
+            "--log-interval", str(s.log_interval), "--no-progress-bar", "--precision", s.precision, *dev],
+            keep=keep("ttq_train"))
+        tr.pop("_output", None)
+        tr.update(time_to_bleu(ckpt / "train_log.jsonl", s.target_bleu))
+        steps["train"] = tr
+        rec.update({k: tr.get(k) for k in ("reached", "seconds_to_target", "update_at_target", "valid_bleu")})
+        rec["wall_s_to_target"] = tr.get("wall_s") if tr.get("reached") else None
+        self.say(f"time to BLEU {s.target_bleu:g}: " + (
+            f"{tr['seconds_to_target']:.1f} s of training ({tr['wall_s']:.1f} s process), update "
+            f"{tr['update_at_target']}" if tr.get("reached") else
+            f"not reached ({tr['status']}; validation BLEU {tr.get('valid_bleu')})"))
+        if not (ckpt / "checkpoint_last.pt").exists():
+            return rec
+        hyp = self.work / "time_to_bleu.hyp.en"
+        gen = self.step("ttq_generate", [
+            py, "-m", "nmtkit", "generate", self.data_dir, "--path", ckpt / "checkpoint_last.pt",
+            "--gen-subset", "test", "--beam", "4", "--decoding", "fairseq", "--max-len-a", "1", "--max-len-b", "50",
+            "--batch-size", "128", "--output", hyp, *dev], keep=keep("ttq_generate"))
+        gen.pop("_output", None)
+        steps["generate"] = gen
+        if gen["status"] != "ok":
+            return rec
+        sc = self.step("ttq_score", [py, "-m", "nmtkit", "score", "--sys", hyp, "--ref", self.raw / "test.en.gz",
+                                     "--metric", "bleu"], keep=keep("ttq_score"))
+        m = re.search(r"^BLEU = (\d+\.\d+).*$", sc.pop("_output", ""), re.MULTILINE)
+        if m:
+            sc["bleu"], sc["score_line"] = float(m.group(1)), m.group(0)
+        elif sc["status"] == "ok":
+            sc["status"], sc["reason"] = "failed", "no 'BLEU = ' line in the output"
+        steps["score"] = sc
+        rec["test_bleu_fairseq_decoding"] = sc.get("bleu")
+        self.say(f"time_to_bleu checkpoint, fairseq's decoding: {sc.get('score_line', sc['status'])}")
+        ran = tr["status"] in ("ok", "timeout") and gen["status"] == "ok" and sc["status"] == "ok"
+        rec["status"] = ("ok" if tr.get("reached") else "not_reached") if ran else "failed"
+        return rec
+
     def stage_generate_speed(self) -> dict:
         s = self.s
         if self.model_ckpt is None or self.data_dir is None or self.raw is None:
@@ -548,7 +621,9 @@ class Bench:
                "gemm_tflops": (env.get("gemm") or {}).get("tflops"),
                "cuda_tests": {k: st.get("cuda_tests", {}).get(k) for k in ("status", "passed", "failed", "skipped",
                                                                           "errors")},
-               "train_step": {}, "quickstart_bleu": st.get("quickstart", {}).get("bleu"), "generate": {}}
+               "train_step": {}, "quickstart_bleu": st.get("quickstart", {}).get("bleu"), "generate": {},
+               "time_to_bleu": {k: st.get("time_to_bleu", {}).get(k) for k in (
+                   "target_bleu", "reached", "seconds_to_target", "wall_s_to_target", "test_bleu_fairseq_decoding")}}
         for r in st.get("train_step", {}).get("runs", []):
             out["train_step"][f"{r['arch']}{' compiled' if r['compile'] else ''}"] = {
                 k: r.get(k) for k in ("largest_fitting_max_tokens", "tgt_tok_per_s", "mfu_measured", "mfu_datasheet",
@@ -576,6 +651,10 @@ class Bench:
             else:
                 lines.append(f"train step {name}: {r['status']}")
         lines.append(f"quickstart BLEU: {s['quickstart_bleu']}")
+        t = s["time_to_bleu"]
+        lines.append(f"time to BLEU {t['target_bleu']}: " + (
+            f"{t['seconds_to_target']} s of training ({t['wall_s_to_target']} s process)" if t["reached"] else
+            "not reached") + f"; test BLEU with fairseq's decoding {t['test_bleu_fairseq_decoding']}")
         for prec, r in s["generate"].items():
             lines.append(f"generate {prec} batch 128: {r.get('sentences_per_s')} sentences/s "
                          f"(search only {r.get('search_sentences_per_s')}) [{r['status']}]")
@@ -645,6 +724,25 @@ def parse_generate(output: str) -> dict:
             "total_s": num(m.group(3)), "sentences_per_s": num(m.group(4)), "tokens_per_s": num(m.group(5)),
             "search_s": num(m.group(6)), "search_sentences_per_s": num(m.group(7)),
             "search_tokens_per_s": num(m.group(8)), "summary_line": m.group(0)}
+
+
+def time_to_bleu(path: Path, target: float) -> dict:
+    """From a train_log.jsonl of a run with --eval-bleu --target-bleu: whether the target was
+    reached, the training seconds until then (the `end` record's elapsed_s, validations included),
+    the update, and every validation's BLEU."""
+    recs = []
+    if path.exists():
+        for ln in path.read_text("utf-8").splitlines():
+            try:
+                recs.append(json.loads(ln))
+            except ValueError:
+                continue
+    valid = [(r.get("update"), r.get("bleu")) for r in recs if r.get("type") == "valid"]
+    end = next((r for r in reversed(recs) if r.get("type") == "end"), {})
+    reached = end.get("reason") == "target_bleu"
+    return {"reached": reached, "valid_bleu": valid, "end_reason": end.get("reason"),
+            "seconds_to_target": end.get("elapsed_s") if reached else None,
+            "update_at_target": end.get("update") if reached else None}
 
 
 def read_train_log(path: Path) -> dict:
