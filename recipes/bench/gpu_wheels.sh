@@ -16,7 +16,7 @@
 #
 # Both folders are listed in .git/info/exclude (never committed) and together hold about 3.5 MB.
 # Then copy the checkout including .whl and .gpu_data to the GPU machine and run
-# `bash recipes/bench/gpu.sh` from its root with about 480 s allowed (see that script's header).
+# `bash recipes/bench/gpu.sh` from its root with about 590 s allowed (see that script's header).
 #
 # Environment: GPU_WHEELS_PYTHON_VERSION (default 3.12), GPU_WHEELS_PLATFORM (manylinux2014_x86_64).
 set -euo pipefail
