@@ -25,6 +25,8 @@ def main() -> None:
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
     ap.add_argument("--compute-type", default="float32")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda needs CTranslate2's CUDA libraries (its PyPI wheel: CUDA 12's cuBLAS)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--beam", type=int, default=4)
@@ -39,7 +41,7 @@ def main() -> None:
     from nmtkit.data.subwords import load_subword_model
 
     src_sp, tgt_sp = load_subword_model(a.data, a.src_lang), load_subword_model(a.data, a.tgt_lang)
-    translator = ctranslate2.Translator(a.model, device="cpu", compute_type=a.compute_type,
+    translator = ctranslate2.Translator(a.model, device=a.device, compute_type=a.compute_type,
                                         intra_threads=a.threads, inter_threads=1)
     load_s = time.perf_counter() - t0
     with open(a.input, encoding="utf-8") as fh:
