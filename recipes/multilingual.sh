@@ -291,7 +291,7 @@ if ! python -c 'import langid' 2>/dev/null; then  # the off-target column's lang
 fi
 say "work dir $WORK$(s ' (--smoke)' ''); MODE=$MODE: trains $TRAINED${ZERO_SHOT:+; zero-shot $ZERO_SHOT}"
 
-K_DATA=$(key data "${NMTKIT_DATA:-download}" "$MULTI30K_URL" "$SMOKE" "$SMOKE_TRAIN_LINES" "$TEST_LINES")
+K_DATA=$(key data "${NMTKIT_DATA:-download}" "$MULTI30K_URL" "$SMOKE" "$SMOKE_TRAIN_LINES" "$TEST_LINES" "$LANGS")
 K_PREPROCESS=$(key preprocess "$K_DATA" "$TRAINED" "$VOCAB_SIZE")
 K_TRAIN=$(key train "$K_PREPROCESS" "${ARCH_FLAGS[@]}" "$SAMPLING_TEMPERATURE" "$LR" "$WARMUP" "$MAX_TOKENS" \
     "$MAX_UPDATE" "$MAX_TIME" "$VALIDATE_INTERVAL" "$SAVE_INTERVAL_UPDATES" "$SEED")

@@ -19,7 +19,7 @@ from tests.conftest import REPO, shared_file
 
 pytestmark = pytest.mark.slow
 
-STAGES = ("env", "cuda_tests", "train_step", "quickstart", "time_to_bleu", "generate_speed")
+STAGES = ("env", "train_step", "quickstart", "time_to_bleu", "generate_speed", "cuda_tests")
 
 
 def _run(tmp_path: Path, *args: str, data: Path | None = None) -> tuple[subprocess.CompletedProcess, dict]:

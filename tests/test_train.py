@@ -231,7 +231,7 @@ def test_patience_and_best_checkpoint(data_dir, tmp_path, monkeypatch):
 def test_target_bleu_stops_at_the_first_validation_that_reaches_it(data_dir, tmp_path, monkeypatch, run_cli):
     """--target-bleu: training stops right after the validation whose BLEU reaches the target
     (here the third: 10, 20, 30 against 25), saves that update's checkpoint and says why; a
-    validation below it, or at an epoch's end, does not stop it."""
+    validation below it does not stop it. An epoch end's validation stops it too."""
     from nmtkit.training.validation import Validator
 
     scores = iter([10.0, 20.0, 30.0, 40.0])
@@ -245,6 +245,14 @@ def test_target_bleu_stops_at_the_first_validation_that_reaches_it(data_dir, tmp
     assert [(x["update"], x["bleu"]) for x in log if x["type"] == "valid"] == [(2, 10.0), (4, 20.0), (6, 30.0)]
     assert log[-1]["type"] == "end" and log[-1]["reason"] == "target_bleu" and log[-1]["update"] == 6
     assert ck.load_checkpoint(tmp_path / "t" / "checkpoint_last.pt")["update"] == 6
+
+    # validated at epoch ends only: the first epoch's end reaches it
+    scores = iter([30.0])
+    res = T.train(config(data_dir, tmp_path / "e", eval_bleu=True, target_bleu=25.0, max_update=500))
+    log = read_log(tmp_path / "e" / "train_log.jsonl")
+    [valid] = [x for x in log if x["type"] == "valid"]
+    assert res.reason == "target_bleu" and res.update == valid["update"] and valid["epoch"] == 1
+    assert ck.load_checkpoint(tmp_path / "e" / "checkpoint_last.pt")["update"] == valid["update"]
 
 
 def test_clear_errors(data_dir, tmp_path):

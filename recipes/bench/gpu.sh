@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU figures of nmtkit in one sitting (at most about 9.5 minutes on one H100), every number in one
-# JSON file: the environment and a measured bf16 GEMM rate, tests/test_cuda.py, the training step
-# of transformer_base and transformer_big (bf16, eager and --compile, at the largest --max-tokens
-# that fits: tokens/s, MFU, peak memory), `nmtkit train` on the quickstart's Multi30k task for a
-# fixed time then average-checkpoints, generate and sacreBLEU, the time to reach 35.0 BLEU on
-# test_2016_flickr (--target-bleu), and generate's speed at batch 128.
+# JSON file: the environment and a measured bf16 GEMM rate, the training step of transformer_base
+# and transformer_big (bf16, eager and --compile, at the largest --max-tokens that fits: tokens/s,
+# MFU, peak memory), `nmtkit train` on the quickstart's Multi30k task for a fixed time then
+# average-checkpoints, generate and sacreBLEU, the time to reach 35.0 BLEU on test_2016_flickr
+# (--target-bleu), generate's speed at batch 128, and last tests/test_cuda.py, as far as the
+# time left allows.
 # The stages and the JSON's fields: recipes/bench/gpu_bench.py.
 #
 #   bash recipes/bench/gpu.sh [--device auto|cuda|cpu] [--tiny] [--out DIR] [--budget S] [--skip STAGE,...]

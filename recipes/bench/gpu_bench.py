@@ -8,8 +8,6 @@ hangs, crashes or runs out of memory is recorded as such and the next one still 
   env             torch, CUDA and driver versions, the GPU's name and memory, and a GEMM rate (bf16 on
                   a GPU; fp32 on a CPU, which may lack fast bf16)
                   measured on the spot (8192^3 matmuls timed with CUDA events; a small size on CPU)
-  cuda_tests      python -m pytest tests/test_cuda.py -v: pass/fail/skip counts ("absent" without it;
-                  counted from the finished tests when it is stopped at its time limit)
   train_step      nmtkit train's update (forward under bf16 autocast, label-smoothed loss, backward,
                   gradient norm, fused AdamW) of transformer_base and transformer_big, eager and
                   torch.compile'd (dynamic shapes, as `nmtkit train --compile`), at growing batch
@@ -29,6 +27,8 @@ hangs, crashes or runs out of memory is recorded as such and the next one still 
                   with fairseq's decoding (--decoding fairseq, beam 4) and sacreBLEU confirms it
   generate_speed  `nmtkit generate` at batch 128, beam 4, fp32 and bf16, on the test sources
                   repeated: sentences/s and tokens/s from generate's own summary line
+  cuda_tests      python -m pytest tests/test_cuda.py -v: pass/fail/skip counts ("absent" without it;
+                  counted from the finished tests when it is stopped at its time limit)
 
 The whole run has a budget (--budget, default 560 s on a GPU): every step's time limit is cut so
 that the steps after it keep their minimum share, and a step left without its minimum is recorded
@@ -67,7 +67,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PY = ROOT / "recipes" / "bench" / "model.py"
 WORK_MARKER = ".nmtkit-gpu-bench"
-STAGES = ("env", "cuda_tests", "train_step", "quickstart", "time_to_bleu", "generate_speed")
+# The CUDA tests come last: they passed on every GPU run so far and are counted as far as they
+# get, while the figures before them would be lost to a budget spent on the tests first.
+STAGES = ("env", "train_step", "quickstart", "time_to_bleu", "generate_speed", "cuda_tests")
 M30K = {"train": "train", "valid": "val", "test": "test_2016_flickr"}  # split -> Multi30k file stem
 GEN_SUMMARY = re.compile(
     r"(?:translated|scored) ([\d,]+) sentences \(([\d,]+) target tokens\) in ([\d.]+)s: ([\d,.]+) sentences/s, "
@@ -117,7 +119,8 @@ def gpu_settings(train_seconds: float | None) -> Settings:
     # 164 on an H200), train_step eager 13 (base) + 18 (big); compiled: cold inductor compilation
     # of the training step with dynamic shapes takes 95 (base) and 83 (big), so each compiled run
     # gets 110 and measures the first one or two sizes; quickstart 48, generate_speed 2 x 7.
-    # About 430 s; time_to_bleu (new, not yet run on a GPU) gets up to 120 s of training of what is left.
+    # time_to_bleu (not yet run on a GPU): at most 100 s of training (the target is 60 s) with
+    # its start-up, so that about 90-110 s remain for the CUDA tests, which need 124-164.
     t = 30.0 if train_seconds is None else train_seconds
     return Settings(
         budget=560, gemm_n=8192, archs=("transformer_base", "transformer_big"), dtype="bf16",
@@ -134,7 +137,7 @@ def gpu_settings(train_seconds: float | None) -> Settings:
         target_bleu=35.0, ttq_interval=100,  # the quickstart's updates take ~16 ms: a validation every ~2 s
         limits={"env": (45, 15), "cuda_tests": (180, 30), "data": (20, 5), "preprocess": (45, 15),
                 "train": (t + 45, t + 15), "average": (25, 10), "generate": (40, 15), "score": (20, 5),
-                "ttq_train": (150, 40), "ttq_generate": (30, 10), "ttq_score": (20, 5),
+                "ttq_train": (115, 40), "ttq_generate": (30, 10), "ttq_score": (20, 5),
                 "generate_speed": (30, 10)},
     )
 
@@ -541,6 +544,9 @@ class Bench:
         rec = {"status": "failed", "steps": steps, "target_bleu": s.target_bleu, "arch_flags": s.arch_flags,
                "validate_interval_updates": s.ttq_interval, "valid_subset": "test (test_2016_flickr)",
                "precision": s.precision, "max_tokens": s.max_tokens}
+        # training stops itself (--max-time) well before the step's limit, so that a target not
+        # reached still ends with a saved checkpoint and an `end` record, not SIGKILL mid-validation
+        cap = max(self.budget.allot(s.limits["ttq_train"][0], keep("ttq_train")) - 15, 1)
         tr = self.step("ttq_train", [
             py, "-m", "nmtkit", "train", self.data_dir, *s.arch_flags, "--save-dir", ckpt,
             "--lr-scheduler", "inverse_sqrt", "--lr", s.lr, "--warmup-updates", str(s.warmup_updates),
@@ -548,9 +554,11 @@ class Bench:
             "--eval-bleu-decoding", "fairseq",
             "--eval-bleu-max-len-a", "1", "--eval-bleu-max-len-b", "50", "--target-bleu", f"{s.target_bleu:g}",
             "--validate-interval-updates", str(s.ttq_interval), "--no-epoch-checkpoints", "--seed", "1",
-            "--log-interval", str(s.log_interval), "--no-progress-bar", "--precision", s.precision, *dev],
-            keep=keep("ttq_train"))
+            "--log-interval", str(s.log_interval), "--no-progress-bar", "--precision", s.precision,
+            "--max-time", f"{cap:.0f}", *dev], keep=keep("ttq_train"))
         tr.pop("_output", None)
+        if tr["status"] == "skipped":
+            return {**rec, "status": "skipped", "reason": tr["reason"]}
         tr.update(time_to_bleu(ckpt / "train_log.jsonl", s.target_bleu))
         steps["train"] = tr
         rec.update({k: tr.get(k) for k in ("reached", "seconds_to_target", "update_at_target", "valid_bleu")})
@@ -652,9 +660,12 @@ class Bench:
                 lines.append(f"train step {name}: {r['status']}")
         lines.append(f"quickstart BLEU: {s['quickstart_bleu']}")
         t = s["time_to_bleu"]
-        lines.append(f"time to BLEU {t['target_bleu']}: " + (
-            f"{t['seconds_to_target']} s of training ({t['wall_s_to_target']} s process)" if t["reached"] else
-            "not reached") + f"; test BLEU with fairseq's decoding {t['test_bleu_fairseq_decoding']}")
+        if t["reached"] is None:  # skipped, or it failed before training
+            lines.append(f"time to BLEU: {s['stage_status'].get('time_to_bleu')}")
+        else:
+            lines.append(f"time to BLEU {t['target_bleu']}: " + (
+                f"{t['seconds_to_target']} s of training ({t['wall_s_to_target']} s process)" if t["reached"] else
+                "not reached") + f"; test BLEU with fairseq's decoding {t['test_bleu_fairseq_decoding']}")
         for prec, r in s["generate"].items():
             lines.append(f"generate {prec} batch 128: {r.get('sentences_per_s')} sentences/s "
                          f"(search only {r.get('search_sentences_per_s')}) [{r['status']}]")
@@ -728,8 +739,8 @@ def parse_generate(output: str) -> dict:
 
 def time_to_bleu(path: Path, target: float) -> dict:
     """From a train_log.jsonl of a run with --eval-bleu --target-bleu: whether the target was
-    reached, the training seconds until then (the `end` record's elapsed_s, validations included),
-    the update, and every validation's BLEU."""
+    reached, the training seconds until then (the `end` record's elapsed_s: validations and the
+    final checkpoint's save included), the update, and every validation's BLEU."""
     recs = []
     if path.exists():
         for ln in path.read_text("utf-8").splitlines():
