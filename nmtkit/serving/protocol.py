@@ -16,21 +16,21 @@ of them open until the process ran out of file descriptors, and then nobody was 
 - **closing while the client sends**: an answer that ends the connection (the client asked for
   `Connection: close`; a 408; a 400) is followed by a lingering close, as in nginx and Apache:
   the server stops writing (FIN after the answer) and reads and drops what still comes until the
-  client closes too, for at most 5 s (`LINGER_S`; `body_timeout` if shorter). Closing a socket with unread bytes makes
-  the kernel reset the connection and drop what it has not sent yet: a loaded server's 413 lost
-  its JSON body that way while the client was still sending.
+  client closes too, for at most 5 s (`LINGER_S`; `body_timeout` if shorter). Closing a socket
+  with unread bytes makes the kernel reset the connection and drop what it has not sent yet: a
+  loaded server's 413 lost its JSON body that way while the client was still sending.
 - **answer**: a client that stops reading its answer (the socket's buffers full) for
   `body_timeout` seconds is disconnected.
 - **connections**: at most `max_connections` are open. When a new one comes and they are all
   taken, the connection that has waited longest for its request's headers (idle, kept alive or
-  slow) or for the rest of a body it only drops is closed to make room; if every connection has a request under way, the new one gets
-  503 and is closed at once. `accept_connections` accepts them one at a time (asyncio's own
-  accept loop takes up to its backlog, 2048, at once, before any of them is counted), so the
-  server holds at most `max_connections` sockets and a few being closed: below the open-file
-  limit, `accept()` does not fail for lack of descriptors, and a server full of slow clients
-  still answers a new client. If it fails all the same (descriptors used elsewhere), it is one
-  log line per 10 s and another try every second, where asyncio logged a traceback for every
-  connection waiting, thousands of times a second.
+  slow) or for the rest of a body it only drops is closed to make room; if every connection has
+  a request under way, the new one gets 503 and is closed at once. `accept_connections` accepts
+  them one at a time (asyncio's own accept loop takes up to its backlog, 2048, at once, before any
+  of them is counted), so the server holds at most `max_connections` sockets and a few being
+  closed: below the open-file limit, `accept()` does not fail for lack of descriptors, and a
+  server full of slow clients still answers a new client. If it fails all the same (descriptors
+  used elsewhere), it is one log line per 10 s and another try every second, where asyncio logged
+  a traceback for every connection waiting, thousands of times a second.
 - **what is not HTTP/1.1** (h11 refuses its request line, a header or a chunk): 400 with a JSON
   body like every other error (uvicorn's is plain text), then closed.
 - **shutdown** (`shutdown()`, called by uvicorn on SIGTERM): a connection without a request,
@@ -224,7 +224,7 @@ class Protocol(H11Protocol):
             self._write_timer.cancel()
             self._write_timer = None
         super().connection_lost(exc)
-        self._unset_keepalive_if_required()  # uvicorn cancels it only when the connection ended without an error
+        self._unset_keepalive_if_required()  # uvicorn cancels it only after an end without an error
 
     # -- timers
 
