@@ -80,7 +80,8 @@ def stop_reason(cfg: TrainConfig, st, flags: LoopFlags, at: str, *, validated: b
     if at == "update":
         rules = [("target_bleu", target), ("patience", patience and validated), ("max_update", max_update)]
     elif at == "epoch_end":
-        rules = [("target_bleu", target), ("max_update", max_update), ("max_epoch", bool(cfg.max_epoch) and finished_epoch >= cfg.max_epoch),
+        rules = [("target_bleu", target), ("max_update", max_update),
+                 ("max_epoch", bool(cfg.max_epoch) and finished_epoch >= cfg.max_epoch),
                  ("patience", patience)]
     else:
         raise ValueError(f"unknown moment {at!r}")

@@ -284,6 +284,18 @@ class Bench:
         self.say(f"{name}: {rec['status']} in {r['wall_s']:.1f}s")
         return rec
 
+    def score(self, name: str, hyp: Path, keep: float) -> dict:
+        """`nmtkit score` of `hyp` against the test references as step `name`: its record, with
+        `bleu` and `score_line` read from the output (failed without a 'BLEU = ' line)."""
+        sc = self.step(name, [self.py, "-m", "nmtkit", "score", "--sys", hyp, "--ref", self.raw / "test.en.gz",
+                              "--metric", "bleu"], keep=keep)
+        m = re.search(r"^BLEU = (\d+\.\d+).*$", sc.pop("_output", ""), re.MULTILINE)
+        if m:
+            sc["bleu"], sc["score_line"] = float(m.group(1)), m.group(0)
+        elif sc["status"] == "ok":
+            sc["status"], sc["reason"] = "failed", "no 'BLEU = ' line in the output"
+        return sc
+
     def keep_after(self, stage: str) -> float:
         """The minimum time the stages after `stage` need."""
         s, out = self.s, 0.0
@@ -512,14 +524,7 @@ class Bench:
         if gen["status"] != "ok":
             return rec
         shutil.copyfile(hyp, self.out / "test.hyp.en")
-        sc = self.step("score", [py, "-m", "nmtkit", "score", "--sys", hyp, "--ref", self.raw / "test.en.gz",
-                                 "--metric", "bleu"], keep=keep("score"))
-        out = sc.pop("_output", "")
-        m = re.search(r"^BLEU = (\d+\.\d+).*$", out, re.MULTILINE)
-        if m:
-            sc["bleu"], sc["score_line"] = float(m.group(1)), m.group(0)
-        elif sc["status"] == "ok":
-            sc["status"], sc["reason"] = "failed", "no 'BLEU = ' line in the output"
+        sc = self.score("score", hyp, keep=keep("score"))
         steps["score"] = sc
         self.say(f"score: {sc.get('score_line', sc['status'])}")
         rec["bleu"] = sc.get("bleu")
@@ -559,7 +564,7 @@ class Bench:
         tr.pop("_output", None)
         if tr["status"] == "skipped":
             return {**rec, "status": "skipped", "reason": tr["reason"]}
-        tr.update(time_to_bleu(ckpt / "train_log.jsonl", s.target_bleu))
+        tr.update(time_to_bleu(ckpt / "train_log.jsonl"))
         steps["train"] = tr
         rec.update({k: tr.get(k) for k in ("reached", "seconds_to_target", "update_at_target", "valid_bleu")})
         rec["wall_s_to_target"] = tr.get("wall_s") if tr.get("reached") else None
@@ -578,13 +583,7 @@ class Bench:
         steps["generate"] = gen
         if gen["status"] != "ok":
             return rec
-        sc = self.step("ttq_score", [py, "-m", "nmtkit", "score", "--sys", hyp, "--ref", self.raw / "test.en.gz",
-                                     "--metric", "bleu"], keep=keep("ttq_score"))
-        m = re.search(r"^BLEU = (\d+\.\d+).*$", sc.pop("_output", ""), re.MULTILINE)
-        if m:
-            sc["bleu"], sc["score_line"] = float(m.group(1)), m.group(0)
-        elif sc["status"] == "ok":
-            sc["status"], sc["reason"] = "failed", "no 'BLEU = ' line in the output"
+        sc = self.score("ttq_score", hyp, keep=keep("ttq_score"))
         steps["score"] = sc
         rec["test_bleu_fairseq_decoding"] = sc.get("bleu")
         self.say(f"time_to_bleu checkpoint, fairseq's decoding: {sc.get('score_line', sc['status'])}")
@@ -737,10 +736,8 @@ def parse_generate(output: str) -> dict:
             "search_tokens_per_s": num(m.group(8)), "summary_line": m.group(0)}
 
 
-def time_to_bleu(path: Path, target: float) -> dict:
-    """From a train_log.jsonl of a run with --eval-bleu --target-bleu: whether the target was
-    reached, the training seconds until then (the `end` record's elapsed_s: validations and the
-    final checkpoint's save included), the update, and every validation's BLEU."""
+def log_records(path: Path) -> list[dict]:
+    """The records of a train_log.jsonl (none when it is missing; a line cut by a kill is skipped)."""
     recs = []
     if path.exists():
         for ln in path.read_text("utf-8").splitlines():
@@ -748,6 +745,14 @@ def time_to_bleu(path: Path, target: float) -> dict:
                 recs.append(json.loads(ln))
             except ValueError:
                 continue
+    return recs
+
+
+def time_to_bleu(path: Path) -> dict:
+    """From a train_log.jsonl of a run with --eval-bleu --target-bleu: whether the target was
+    reached, the training seconds until then (the `end` record's elapsed_s: validations and the
+    final checkpoint's save included), the update, and every validation's BLEU."""
+    recs = log_records(path)
     valid = [(r.get("update"), r.get("bleu")) for r in recs if r.get("type") == "valid"]
     end = next((r for r in reversed(recs) if r.get("type") == "end"), {})
     reached = end.get("reason") == "target_bleu"
@@ -760,12 +765,7 @@ def read_train_log(path: Path) -> dict:
     """The figures of a train_log.jsonl: updates, epochs, tokens/s, the last validation, the end."""
     if not path.exists():
         return {}
-    recs = []
-    for ln in path.read_text("utf-8").splitlines():
-        try:
-            recs.append(json.loads(ln))
-        except ValueError:
-            continue
+    recs = log_records(path)
     start = next((r for r in recs if r.get("type") == "start"), {})
     trains = [r for r in recs if r.get("type") == "train"]
     valids = [r for r in recs if r.get("type") == "valid"]
