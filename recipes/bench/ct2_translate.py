@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -34,6 +35,10 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=256, help="max_decoding_length")
     ap.add_argument("--use-vmap", action="store_true", help="apply the export's vocabulary map (vmap.txt)")
     a = ap.parse_args()
+    if not Path(a.model, "model.bin").is_file():
+        from nmtkit.errors import UserError
+
+        raise UserError(f"--model {a.model}: not a CTranslate2 export (no model.bin)")
 
     t0 = time.perf_counter()
     import ctranslate2
@@ -66,4 +71,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from nmtkit.errors import UserError
+
+    try:
+        main()
+    except (UserError, OSError) as e:  # a data directory that is not one, a missing file: one line
+        sys.exit(f"ct2_translate.py: {e}")
