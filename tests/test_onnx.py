@@ -26,6 +26,7 @@ pytest.importorskip("onnx", reason="onnx is not installed: pip install -e '.[onn
 
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-4
+PRINTED_STEP = 1e-4  # generate prints scores with 4 decimals: one step apart after rounding
 
 
 def tiny(cfg: ArchConfig, vocab: int, seed: int, peak: float = 3.0):
@@ -235,7 +236,7 @@ def test_generate_on_the_export_equals_native_generate(wm, tmp_path, run_cli):
             except ValueError:
                 assert fx == fy
             else:
-                assert nx == pytest.approx(ny, abs=TOL)
+                assert nx == pytest.approx(ny, abs=TOL + PRINTED_STEP)  # within TOL, then rounded to 4 decimals
 
 
 SETTINGS = {"min_len": 2, "no_repeat_ngram_size": 1}  # varied outputs from a random model

@@ -190,11 +190,11 @@ def test_generate_quantize_int8(setup, run_cli):
     assert len(lines(int8.out)) == len(lines(fp32.out))
     assert lines(int8.out) != lines(fp32.out)  # other weights: other scores
     again = run_cli("generate", data, "--path", ckpt, *COMMON, "--print-scores", "--quantize", "int8", "--batch-size", "1")
-    # batching never changes the output, quantized too (scores: up to fp32 rounding; the
-    # encoder's padding differs between batches)
+    # batching never changes the output, quantized too (scores: up to fp32 rounding, which can
+    # move a score printed with 4 decimals one step; the encoder's padding differs between batches)
     split = lambda out: [line.split("\t") for line in lines(out)]  # noqa: E731
     assert [t for _, t in split(again.out)] == [t for _, t in split(int8.out)]
-    assert [float(s) for s, _ in split(again.out)] == pytest.approx([float(s) for s, _ in split(int8.out)], abs=1e-5)
+    assert [float(s) for s, _ in split(again.out)] == pytest.approx([float(s) for s, _ in split(int8.out)], abs=1.5e-4)
 
 
 @pytest.mark.parametrize(
