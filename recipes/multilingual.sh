@@ -5,6 +5,7 @@
 #   bash recipes/multilingual.sh [--smoke]    # or: SMOKE=1 bash recipes/multilingual.sh
 #   MODE=english-centric bash recipes/multilingual.sh
 #   MODE=pair PAIR=de-en bash recipes/multilingual.sh   # one direction's bilingual baseline
+#   MODEL_SIZE=small bash recipes/multilingual.sh       # any mode with a model half as wide
 #
 # Modes (MODE):
 #   all              (default) the 12 directions among de, en, fr, cs are trained and evaluated
@@ -14,6 +15,12 @@
 #   pair             one direction (PAIR=SRC-TGT, two of de en fr cs): the bilingual baseline of
 #                    the same model and pipeline, the quickstart's 8000 pieces and 1600 updates
 #                    (the twelve baselines together: 19,200 updates, beside all's 8000)
+# Model sizes (MODEL_SIZE), the same for every mode:
+#   quickstart       (default) the quickstart's model: d_model 256, 3+3 layers, 4 heads, d_ff 1024
+#   small            d_model 128 and d_ff 512 (3+3 layers, 4 heads), and half the pieces (4000 for
+#                    a pair, 8000 for four languages): about a third of an update's work, so that
+#                    the whole comparison (12 baselines, the 12-direction and the English-centric
+#                    model) fits in a few hours of a 2-core CPU instead of a working day
 # Stages (each skipped when its verified output exists, so a re-run continues where it stopped):
 #   data        Multi30k task 1 raw text in the four languages: $NMTKIT_DATA if set, else
 #               downloaded into a cache
@@ -43,6 +50,7 @@
 #               near 1 (docs/multilingual.md, "The recipe").
 # Environment (every setting below can be overridden, e.g. MAX_UPDATE=16000 for a longer run):
 #   MODE          all (default), english-centric or pair (with PAIR=SRC-TGT)
+#   MODEL_SIZE    quickstart (default) or small
 #   NMTKIT_DATA   folder holding {train,val,test_2016_flickr}.{de,en,fr,cs}.gz
 #   NMTKIT_CACHE  where downloads go (default: ${XDG_CACHE_HOME:-~/.cache}/nmtkit/multi30k)
 #   NMTKIT_MULTI30K_URL  download location (default: the GitHub multi30k/dataset task1/raw folder)
@@ -66,16 +74,22 @@ recipe_options "${BASH_SOURCE[0]}" "$@"   # --smoke (SMOKE=1 in the environment 
 # ---------------------------------------------------------------- settings -------------------
 MODE=${MODE:-all}
 PAIR=${PAIR:-}
+MODEL_SIZE=${MODEL_SIZE:-quickstart}
+case $MODEL_SIZE in
+    quickstart) D_MODEL=256 D_FF=1024 SIZE_TAG="" PIECES_PER_LANG=4000 ;;
+    small) D_MODEL=128 D_FF=512 SIZE_TAG=_small PIECES_PER_LANG=2000 ;;
+    *) echo "[multilingual] error: MODEL_SIZE must be quickstart or small, got '$MODEL_SIZE'" >&2; exit 2 ;;
+esac
 LANGS="de en fr cs"
-WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_4way_${MODE//-/_}${PAIR:+_${PAIR//-/_}}$(s _smoke "")}
+WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_4way_${MODE//-/_}${PAIR:+_${PAIR//-/_}}$SIZE_TAG$(s _smoke "")}
 SMOKE_TRAIN_LINES=2000              # --smoke: the first 2000 lines of every language
 TEST_LINES=$(s 200 1000)            # test_2016_flickr lines translated (1000: all of it)
 if [ "$MODE" = pair ]; then  # the quickstart's vocabulary and budget for one pair
-    VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 8000)}
+    VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 $((2 * PIECES_PER_LANG)))}
     MAX_UPDATE=${MAX_UPDATE:-$(s 300 1600)}
     VALIDATE_INTERVAL=${VALIDATE_INTERVAL:-$(s 150 400)}
 fi
-VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 16000)}  # joint over four languages: the quickstart's 8000 for two
+VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 $((4 * PIECES_PER_LANG)))}  # joint over four languages: the quickstart's 8000 for two
 WORKERS=${WORKERS:-1}
 # The quickstart's model and schedule (recipes/quickstart.sh): transformer_base with 3+3 layers,
 # d_model 256, 4 heads, d_ff 1024, all embeddings shared; inverse_sqrt at 1e-3 after 400 warmup
@@ -84,8 +98,8 @@ WORKERS=${WORKERS:-1}
 if [ "$SMOKE" = 1 ]; then
     ARCH_FLAGS=(--arch transformer_tiny)
 else
-    ARCH_FLAGS=(--arch transformer_base --encoder-layers 3 --decoder-layers 3 --d-model 256
-                --d-ff 1024 --heads 4 --share-embeddings all --dropout "${DROPOUT:-0.1}")
+    ARCH_FLAGS=(--arch transformer_base --encoder-layers 3 --decoder-layers 3 --d-model "$D_MODEL"
+                --d-ff "$D_FF" --heads 4 --share-embeddings all --dropout "${DROPOUT:-0.1}")
 fi
 SAMPLING_TEMPERATURE=${SAMPLING_TEMPERATURE:-5}  # equal-sized pairs here: every T gives equal shares
 LR=${LR:-$(s 5e-3 1e-3)}

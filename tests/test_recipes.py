@@ -468,6 +468,7 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"MODE": "pair", "PAIR": "de-de"}, "two different languages of de en fr cs, got 'de-de'"),
                        ({"MODE": "pair", "PAIR": "de-en/../x"}, "two different languages of de en fr cs, got 'de-en/../x'"),
                        ({"PAIR": "de-en"}, "PAIR=de-en needs MODE=pair (MODE is all)"),
+                       ({"MODEL_SIZE": "big"}, "MODEL_SIZE must be quickstart or small, got 'big'"),
                        ({"VALIDATE_INTERVAL": "often"}, "VALIDATE_INTERVAL must be a non-negative integer, got 'often'"),
                        ({"STAGE": "translate"}, "STAGE=translate is not a stage; stages: data preprocess train average generate score")]:
         r = _run(["bash", "recipes/multilingual.sh"], {**env, **extra})
