@@ -7,6 +7,9 @@
 # and prints the median CPU seconds (user + system, the kernel's accounting of each finished
 # process) and wall seconds of each, and the median of the A/B ratios taken pair by pair (pairs
 # keep the ratio meaningful while a shared machine's speed drifts).
+# nmtkit's modules are byte-compiled first (python -m compileall), as pip does when it installs a
+# package and as the runtime's own were: with PYTHONDONTWRITEBYTECODE=1 in the environment (set in
+# many containers) an editable install is otherwise compiled from source in every timed run.
 #
 #   bash recipes/bench/startup.sh
 #
@@ -88,6 +91,9 @@ shutil.rmtree(work, ignore_errors=True)
 work.mkdir(parents=True)
 data, ckpt = tiny_checkpoint(work)
 nmtkit = shutil.which("nmtkit") or sys.exit("[bench] the nmtkit command is not on PATH")
+package = importlib.util.find_spec("nmtkit").submodule_search_locations[0]
+if subprocess.run([sys.executable, "-m", "compileall", "-q", package], stdout=subprocess.DEVNULL).returncode != 0:
+    sys.exit(f"[bench] python -m compileall {package} failed")
 missing = {f: m for f, m in RUNTIMES.items() if any(importlib.util.find_spec(x) is None for x in m)}
 folders = {fmt: export(fmt, data, ckpt) for fmt in RUNTIMES if fmt not in missing}
 print(f"{'export':<12} {'A cpu s':>8} {'B cpu s':>8} {'A/B cpu':>8} {'A wall s':>9} {'B wall s':>9} {'A/B wall':>9}")
