@@ -46,9 +46,9 @@ def _word(lang: str, k: int) -> str:
     return f"{lang[0]}{k}"  # d3 (de), e3 (en), f3 (fr): the task maps word k to word k
 
 
-def _sentences(pair: str, n: int, rng: random.Random) -> tuple[list[list[str]], list[list[str]]]:
+def _sentences(pair: str, n: int, rng: random.Random, lengths: tuple[int, int] = (2, 8)) -> tuple[list[list[str]], list[list[str]]]:
     src, tgt = pair.split("-")
-    ks = [[rng.randrange(N_WORDS) for _ in range(rng.randint(2, 8))] for _ in range(n)]
+    ks = [[rng.randrange(N_WORDS) for _ in range(rng.randint(*lengths))] for _ in range(n)]
     return [[_word(src, k) for k in s] for s in ks], [[_word(tgt, k) for k in s] for s in ks]
 
 
@@ -60,11 +60,13 @@ def _write_side(d: Path, split: str, lang: str, sents: list[list[int]], dtype) -
     return {"bin": info.bin, "idx": info.idx, "dtype": info.dtype, "tokens": info.tokens}
 
 
-def multilingual_dir(root: Path, pairs: dict[str, int] = PAIRS, n_valid: int = 16, seed: int = 0) -> Path:
-    """A complete multilingual data directory (docs/formats.md, nmtkit.data.languages) at root/bin."""
+def multilingual_dir(root: Path, pairs: dict[str, int] = PAIRS, n_valid: int = 16, seed: int = 0,
+                     long_valid: tuple[str, ...] = ()) -> Path:
+    """A complete multilingual data directory (docs/formats.md, nmtkit.data.languages) at root/bin;
+    `long_valid`: these pairs' validation sentences are 30-40 words long (the others 2-8)."""
     rng = random.Random(seed)
-    text = {(kind, p): _sentences(p, n, rng) for p, n in pairs.items()
-            for kind, n in (("train", n), ("valid", n_valid))}
+    text = {(kind, p): _sentences(p, n, rng, (30, 40) if kind == "valid" and p in long_valid else (2, 8))
+            for p, n in pairs.items() for kind, n in (("train", n), ("valid", n_valid))}
     counts: dict[str, int] = {}
     for (kind, p), (src, tgt) in text.items():
         if kind == "train":
@@ -244,6 +246,35 @@ def test_a_multilingual_run_validates_every_direction_and_averages(ml_dir, tmp_p
     # the batching key of a multilingual run names its pairs and temperature
     key = ck.load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train"]["data_position"]["batching"]
     assert key["lang_pairs"] == "de-en,fr-en,en-de" and key["sampling_temperature"] == 5.0
+
+
+def test_a_direction_without_a_validation_pair_that_fits_is_left_out_of_the_means(tmp_path):
+    """fr-en's validation sentences are all longer than the model's 20 source positions: that
+    direction is left out of validation (one yellow line, the start record's valid_left_out), and
+    the means, BLEU included, are of the other two; with every direction so, the run is refused."""
+    d = multilingual_dir(tmp_path / "ml", long_valid=("fr-en",))
+    console, out = _console()
+    short = {"dropout": 0.0, "max_source_positions": 20, "max_target_positions": 20}
+    T.train(config(d, tmp_path / "run", max_update=4, validate_interval_updates=2, eval_bleu=True,
+                   arch_overrides=short), console)
+    recs = read_log(tmp_path / "run" / "train_log.jsonl")
+    ml = recs[0]["multilingual"]
+    assert ml["valid_directions"] == ["de-en", "en-de"] and ml["valid_left_out"] == ["fr-en"]
+    valid = [r for r in recs if r["type"] == "valid"]
+    assert len(valid) == 2
+    for r in valid:
+        assert list(r["directions"]) == ["de-en", "en-de"]
+        for key in ("nll_loss", "bleu"):
+            assert r[key] == pytest.approx(sum(x[key] for x in r["directions"].values()) / 2, rel=1e-12)
+            assert r[key] == r[key]  # not NaN
+    assert "fr-en: no validation pair fits the model, all 16 are skipped (16 with the source over the encoder " \
+           "limit): the direction is left out of validation and of its means" in out.getvalue()
+    # every direction too long: refused before training, naming each
+    d2 = multilingual_dir(tmp_path / "ml2", long_valid=tuple(PAIRS))
+    with pytest.raises(UserError, match=r"no direction has a validation pair that fits the model \(de-en: 16 with the "
+                       r"source over the encoder limit; fr-en: .*--no-validate"):
+        T.train(config(d2, tmp_path / "run2", max_update=2, arch_overrides=short))
+    assert not (tmp_path / "run2" / "checkpoint_last.pt").exists()
 
 
 def test_the_best_checkpoint_follows_the_mean_loss(ml_dir, tmp_path):

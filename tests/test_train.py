@@ -295,6 +295,27 @@ def test_clear_errors(data_dir, tmp_path):
     assert T.train(config(data_dir, tmp_path / "busy", max_update=1, no_validate=True)).update == 1
 
 
+def test_a_validation_split_where_no_pair_fits_is_refused(tmp_path):
+    """Every validation pair longer than the model's positions: its loss would read 0 bits (no
+    tokens), the best there can be; the run is refused in one line before any update instead."""
+    from nmtkit.data.preprocess import PreprocessConfig, preprocess
+
+    for split, n, words in (("train", 40, 3), ("valid", 5, 30)):
+        src = [" ".join(f"w{(i + k) % 7}" for k in range(words)) for i in range(n)]
+        (tmp_path / f"{split}.de").write_text("\n".join(src) + "\n")
+        (tmp_path / f"{split}.en").write_text("\n".join(x.upper() for x in src) + "\n")
+    preprocess(PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(tmp_path / "train"),
+                                validpref=[str(tmp_path / "valid")], destdir=str(tmp_path / "bin"), bpe="none",
+                                joined_dictionary=True))
+    short = {"max_source_positions": 12, "max_target_positions": 12}
+    with pytest.raises(UserError, match=r"^no validation pair fits the model \(valid: all 5 skipped: 5 with the source "
+                       r"over the encoder limit\); check --max-tokens.*or train with --no-validate$"):
+        T.train(config(tmp_path / "bin", tmp_path / "run", max_update=2, arch_overrides=short))
+    assert not (tmp_path / "run" / "checkpoint_last.pt").exists()
+    assert T.train(config(tmp_path / "bin", tmp_path / "run", max_update=2, arch_overrides=short,
+                          no_validate=True)).update == 2
+
+
 def ck_sha(path):
     import hashlib
 

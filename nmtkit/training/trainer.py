@@ -395,11 +395,23 @@ class Trainer:
                                                      self.manifest_id, self.batching_key)
         self.validator = None  # bilingual
         self.validators: dict[str, Validator] = {}  # multilingual: direction -> its validator
+        self.unvalidatable: dict[str, Validator] = {}  # directions whose every valid pair is skipped
         if self.has_valid and self.pairs:
-            self.validators = {pair_name(s, t): Validator(src, tgt, info=self.info, **limits)
-                               for (s, t), (src, tgt) in zip(self.valid_pairs, self.valid_pair_data)}
+            built = {pair_name(s, t): Validator(src, tgt, info=self.info, **limits)
+                     for (s, t), (src, tgt) in zip(self.valid_pairs, self.valid_pair_data)}
+            self.validators = {k: v for k, v in built.items() if v.n_pairs}
+            self.unvalidatable = {k: v for k, v in built.items() if not v.n_pairs}
+            if not self.validators:
+                raise UserError(f"no direction has a validation pair that fits the model ("
+                                + "; ".join(f"{k}: {v.filter.describe() or 'empty'}" for k, v in built.items())
+                                + "); check --max-tokens and the model's position limits, or train with --no-validate")
         elif self.has_valid:
             self.validator = Validator(self.valid_src, self.valid_tgt, info=self.info, **limits)
+            f = self.validator.filter
+            if not self.validator.n_pairs:  # its loss would read 0 bits, the best there can be
+                why = f"all {f.skipped} skipped: {f.describe()}" if f.skipped else "the split is empty"
+                raise UserError(f"no validation pair fits the model ({cfg.valid_subset}: {why}); check --max-tokens "
+                                "and the model's position limits, or train with --no-validate")
 
     def _prepare_run(self) -> None:
         """Start this run's bookkeeping (clocks from now); after _build."""
@@ -668,6 +680,10 @@ class Trainer:
         if f.skipped:
             self.progress.line(f"skipping {f.skipped} training pair(s) that do not fit the model: {f.describe()}",
                                style="yellow")
+        for name, v in self.unvalidatable.items():
+            why = f"all {v.filter.skipped} are skipped ({v.filter.describe()})" if v.filter.skipped else "it is empty"
+            self.progress.line(f"{name}: no validation pair fits the model, {why}: the direction is left out of "
+                               "validation and of its means", style="yellow")
         for name, v in ([("", self.validator)] if self.validator is not None else list(self.validators.items())):
             if v.filter.skipped:
                 self.progress.line(f"skipping {v.filter.skipped} validation pair(s){f' of {name}' if name else ''} "
@@ -681,7 +697,7 @@ class Trainer:
         return {"sampling_temperature": self.cfg.sampling_temperature,
                 "pairs": {pair_name(s, t): {"sentences": n, "share": float(q), "per_epoch": int(k)}
                           for (s, t), n, q, k in zip(self.pairs, b.counts, shares, per_epoch)},
-                "valid_directions": list(self.validators)}
+                "valid_directions": list(self.validators), "valid_left_out": list(self.unvalidatable)}
 
     def _log_pairs(self) -> None:
         """The pairs, their sentences and sampling shares; the pairs that have no validation split."""
