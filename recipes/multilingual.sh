@@ -15,6 +15,10 @@
 #   pair             one direction (PAIR=SRC-TGT, two of de en fr cs): the bilingual baseline of
 #                    the same model and pipeline, the quickstart's 8000 pieces and 1600 updates
 #                    (the twelve baselines together: 19,200 updates, beside all's 8000)
+#   table            no training: the three kinds side by side, from the score.txt of the runs
+#                    above (all, english-centric, the twelve pairs; in RUNS_ROOT, default ./runs,
+#                    of the same MODEL_SIZE): BLEU per direction, the means, the updates and
+#                    target tokens each was trained with, and the targets met or not
 # Model sizes (MODEL_SIZE), the same for every mode:
 #   quickstart       (default) the quickstart's model: d_model 256, 3+3 layers, 4 heads, d_ff 1024
 #   small            d_model 128 and d_ff 512 (3+3 layers, 4 heads), and half the pieces (4000 for
@@ -144,9 +148,66 @@ case $MODE in
         [[ $PAIR =~ ^(de|en|fr|cs)-(de|en|fr|cs)$ && ${PAIR%-*} != "${PAIR#*-}" ]] ||
             die "MODE=pair needs PAIR=SRC-TGT, two different languages of de en fr cs, got '$PAIR'"
         TRAINED=$PAIR ZERO_SHOT="" LANGS="${PAIR%-*} ${PAIR#*-}" ;;
-    *) die "MODE must be all, english-centric or pair, got '$MODE'" ;;
+    table) TRAINED="" ZERO_SHOT="" ;;
+    *) die "MODE must be all, english-centric, pair or table, got '$MODE'" ;;
 esac
 [ "$MODE" = pair ] || [ -z "$PAIR" ] || die "PAIR=$PAIR needs MODE=pair (MODE is $MODE)"
+if [ "$MODE" = table ]; then  # the comparison from the runs' score files; no stage runs
+    python3 - "${RUNS_ROOT:-$ROOT/runs}" "$SIZE_TAG$(s _smoke "")" "$MODEL_SIZE" <<'EOF'
+import re, sys
+root, tag, size = sys.argv[1], sys.argv[2], sys.argv[3]
+dirs = ["de-en", "en-de", "de-fr", "fr-de", "de-cs", "cs-de", "en-fr", "fr-en", "en-cs", "cs-en", "fr-cs", "cs-fr"]
+runs = {"all": f"{root}/multi30k_4way_all{tag}", "english-centric": f"{root}/multi30k_4way_english_centric{tag}",
+        **{d: f"{root}/multi30k_4way_pair_{d.replace('-', '_')}{tag}" for d in dirs}}
+scores, missing = {}, []
+for name, work in runs.items():
+    try:
+        with open(f"{work}/score.txt", encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        missing.append(f"{name} ({work}/score.txt)")
+        continue
+    rows = {m[0]: (float(m[1]), m[2] == "yes", float(m[3]) if m[3] else None) for m in
+            re.findall(r"^([a-z]{2}-[a-z]{2}) +(\d+\.\d\d)  (yes|no) *(?: +(\d+\.\d))?$", text, re.M)}
+    upd = re.search(r"^trained with (\d+) updates, (\d+) target tokens", text, re.M)
+    scores[name] = (rows, int(upd[1]), int(upd[2]))
+if missing:
+    print(f"[multilingual] error: MODE=table needs every run's score.txt (MODEL_SIZE={size}); missing: "
+          + ", ".join(missing), file=sys.stderr)
+    sys.exit(2)
+multi, ec = scores["all"][0], scores["english-centric"][0]
+bi = {d: scores[d][0][d] for d in dirs}
+# zero-shot and off-target: the English-centric model's; ZS/12-dir and ZS/bi: its zero-shot BLEU
+# as a share of the 12-direction model's and of the bilingual model's on the same direction
+print(f"{'direction':<10} {'12-dir':>7} {'bilingual':>9} {'En-centric':>10}  zero-shot  {'off-target %':>12}  "
+      f"{'ZS/12-dir':>10}  {'ZS/bi':>6}")
+for d in dirs:
+    m, b, (e, zs, off) = multi[d][0], bi[d][0], ec[d]
+    ratios = f"  {e / m:10.0%}  {e / b:6.0%}" if zs else ""
+    print(f"{d:<10} {m:7.2f} {b:9.2f} {e:10.2f}  {'yes' if zs else 'no':<9}  "
+          f"{off if off is not None else float('nan'):12.1f}{ratios}")
+mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+m_mean, b_mean = mean([multi[d][0] for d in dirs]), mean([bi[d][0] for d in dirs])
+print(f"{'mean':<10} {m_mean:7.2f} {b_mean:9.2f} {mean([ec[d][0] for d in dirs]):10.2f}")
+pair_updates = sum(scores[d][1] for d in dirs)
+print(f"updates: 12-direction {scores['all'][1]}, bilingual {pair_updates} (12 models, "
+      f"{sum(scores[d][2] for d in dirs)} target tokens), English-centric {scores['english-centric'][1]}; "
+      f"target tokens: 12-direction {scores['all'][2]}, English-centric {scores['english-centric'][2]}")
+zs = [d for d in dirs if ec[d][1]]
+verdict = lambda ok: "met" if ok else "not met"  # noqa: E731
+print(f"target: 12-direction mean {m_mean:.2f} >= bilingual mean {b_mean:.2f} with at most their updates "
+      f"({scores['all'][1]} <= {pair_updates}): {verdict(m_mean >= b_mean and scores['all'][1] <= pair_updates)}")
+if zs and all(ec[d][2] is not None for d in zs):
+    off = mean([ec[d][2] for d in zs])
+    print(f"target: zero-shot off-target at most 5%: mean {off:.1f}%, worst {max(ec[d][2] for d in zs):.1f}%: "
+          f"{verdict(all(ec[d][2] <= 5 for d in zs))}")
+if zs:
+    low = min(ec[d][0] / multi[d][0] for d in zs)
+    print(f"target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction: lowest "
+          f"{low:.0%}: {verdict(low >= 0.6)}")
+EOF
+    exit
+fi
 EVALUATED="$TRAINED $ZERO_SHOT"
 
 stage_data() {

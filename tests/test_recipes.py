@@ -461,9 +461,52 @@ def test_multilingual_pair_smoke(tmp_path):
     assert "trained with 300 updates" in r.stdout
 
 
+ML_DIRS = ["de-en", "en-de", "de-fr", "fr-de", "de-cs", "cs-de", "en-fr", "fr-en", "en-cs", "cs-en", "fr-cs", "cs-fr"]
+
+
+def _score_txt(rows: dict[str, tuple[float, bool, float]], updates: int, tokens: int) -> str:
+    """A score.txt as stage_score writes it (score_table's rows, then trained_with's line)."""
+    out = [f"{'direction':<10} {'BLEU':>6}  zero-shot  off-target %"]
+    out += [f"{d:<10} {b:6.2f}  {'yes' if z else 'no':<9}  {o:12.1f}" for d, (b, z, o) in rows.items()]
+    return "\n".join(out + ["mean over the ...", f"trained with {updates} updates, {tokens} target tokens"]) + "\n"
+
+
+def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
+    """MODE=table reads the fourteen runs' score.txt (here written by hand, MODEL_SIZE=small's
+    folders) and prints BLEU per direction, the means, the budgets and each target's verdict."""
+    root = tmp_path / "runs"
+    multi = {d: (30.0 + i, False, 1.0) for i, d in enumerate(ML_DIRS)}  # mean 35.5
+    zs = {"de-fr", "fr-de", "de-cs", "cs-de", "fr-cs", "cs-fr"}
+    ec = {d: (18.0 if d in zs else 31.0, d in zs, 4.0 if d != "cs-fr" else 12.5) for d in ML_DIRS}
+    for name, rows, upd in [("all", multi, 8000), ("english_centric", ec, 8000)]:
+        (root / f"multi30k_4way_{name}_small").mkdir(parents=True)
+        (root / f"multi30k_4way_{name}_small" / "score.txt").write_text(_score_txt(rows, upd, 10 ** 7))
+    env = _env(tmp_path / "unused", MODE="table", MODEL_SIZE="small", RUNS_ROOT=str(root))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 2 and "MODE=table needs every run's score.txt (MODEL_SIZE=small); missing: de-en (" in r.stderr
+    assert r.stderr.count(str(root)) == 12 and not r.stdout, r.stderr  # the twelve pairs, each named
+    for i, d in enumerate(ML_DIRS):  # bilingual: 35.0 each but de-en's 23.0: mean 34.0
+        w = root / f"multi30k_4way_pair_{d.replace('-', '_')}_small"
+        w.mkdir()
+        (w / "score.txt").write_text(_score_txt({d: (23.0 if d == "de-en" else 35.0, False, 0.5)}, 1600, 10 ** 6))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[-4:] == ["off-target", "%", "ZS/12-dir", "ZS/bi"]
+    assert lines[1].split() == ["de-en", "30.00", "23.00", "31.00", "no", "4.0"]  # off-target: the English-centric model's
+    # a zero-shot row: its BLEU against the 12-direction model's (18 / 32) and the bilingual one's (18 / 35)
+    assert lines[3].split() == ["de-fr", "32.00", "35.00", "18.00", "yes", "4.0", "56%", "51%"]
+    assert lines[13].split() == ["mean", "35.50", "34.00", "24.50"]
+    assert "updates: 12-direction 8000, bilingual 19200 (12 models, 12000000 target tokens), English-centric 8000" in r.stdout
+    assert "target: 12-direction mean 35.50 >= bilingual mean 34.00 with at most their updates (8000 <= 19200): met" in r.stdout
+    assert "target: zero-shot off-target at most 5%: mean 5.4%, worst 12.5%: not met" in r.stdout
+    # the lowest ratio: cs-fr, 18 / 41
+    assert "target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction: lowest 44%: not met" in r.stdout
+
+
 def test_multilingual_refuses_bad_settings(tmp_path):
     env = _env(tmp_path / "w", SMOKE="1")
-    for extra, msg in [({"MODE": "pivot"}, "MODE must be all, english-centric or pair, got 'pivot'"),
+    for extra, msg in [({"MODE": "pivot"}, "MODE must be all, english-centric, pair or table, got 'pivot'"),
                        ({"MODE": "pair"}, "MODE=pair needs PAIR=SRC-TGT, two different languages of de en fr cs, got ''"),
                        ({"MODE": "pair", "PAIR": "de-de"}, "two different languages of de en fr cs, got 'de-de'"),
                        ({"MODE": "pair", "PAIR": "de-en/../x"}, "two different languages of de en fr cs, got 'de-en/../x'"),
