@@ -92,6 +92,7 @@ if [ "$MODE" = pair ]; then  # the quickstart's vocabulary and budget for one pa
     VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 $((2 * PIECES_PER_LANG)))}
     MAX_UPDATE=${MAX_UPDATE:-$(s 300 1600)}
     VALIDATE_INTERVAL=${VALIDATE_INTERVAL:-$(s 150 400)}
+    SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(s 10 100)}  # the last 5: updates 1200-1600, as the quickstart's
 fi
 VOCAB_SIZE=${VOCAB_SIZE:-$(s 1000 $((4 * PIECES_PER_LANG)))}  # joint over four languages: the quickstart's 8000 for two
 WORKERS=${WORKERS:-1}
@@ -358,6 +359,10 @@ stage_score() {
 for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
+if [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] && [ $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)) -lt "$AVG_N" ]; then
+    die "AVG_N=$AVG_N checkpoints to average need MAX_UPDATE / SAVE_INTERVAL_UPDATES >= $AVG_N" \
+        "($MAX_UPDATE / $SAVE_INTERVAL_UPDATES saves $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)))"
+fi
 stages_init "${STAGE:-}" "${LAST_STAGE:-}"
 nmtkit_env || die "could not set up the Python environment (recipes/lib/env.sh)"
 ACTIVATED=$NMTKIT_ENV_ACTIVATED

@@ -512,6 +512,8 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"MODE": "pair", "PAIR": "de-en/../x"}, "two different languages of de en fr cs, got 'de-en/../x'"),
                        ({"PAIR": "de-en"}, "PAIR=de-en needs MODE=pair (MODE is all)"),
                        ({"MODEL_SIZE": "big"}, "MODEL_SIZE must be quickstart or small, got 'big'"),
+                       ({"SAVE_INTERVAL_UPDATES": "200"}, "AVG_N=2 checkpoints to average need MAX_UPDATE / "
+                                                          "SAVE_INTERVAL_UPDATES >= 2 (300 / 200 saves 1)"),
                        ({"VALIDATE_INTERVAL": "often"}, "VALIDATE_INTERVAL must be a non-negative integer, got 'often'"),
                        ({"STAGE": "translate"}, "STAGE=translate is not a stage; stages: data preprocess train average generate score")]:
         r = _run(["bash", "recipes/multilingual.sh"], {**env, **extra})
