@@ -433,6 +433,82 @@ def test_the_command_on_a_multilingual_directory_keys_the_tags(tmp_path, run_cli
     assert any("fr" in t for t in fr) and not any("en" in t for t in fr)
 
 
+def test_a_language_vocabulary_holds_the_pieces_of_that_languages_targets(tmp_path, run_cli):
+    """--language LANG: every piece of the targets in LANG (of every pair into it, counted from
+    the shards) as the always-list, in dictionary order; no keys; --min-count drops the rare
+    ones; a language that no pair translates into, a bad code, a bad count: one line each."""
+    import random
+    from collections import Counter
+
+    from nmtkit.data import multilingual as ML
+    from nmtkit.data.preprocess import PreprocessConfig
+    from nmtkit.data.shards import load_split
+
+    rng = random.Random(3)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    words = ["hat", "sol", "mir", "kop", "lun"]
+    lines = [[rng.choice(words) for _ in range(rng.randint(2, 5))] for _ in range(80)]
+    lines[0] = ["zzqx"]  # a word that occurs once, in every language
+    for lang in ("de", "en", "fr"):
+        (raw / f"train.{lang}").write_text("".join(" ".join(lang + w for w in ln) + "\n" for ln in lines))
+    cfg = PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(raw / "train"),
+                           destdir=str(tmp_path / "data"), vocab_size=60)
+    ML.preprocess_multilingual(cfg, [("de", "en"), ("en", "fr"), ("de", "fr")], 5.0)
+    data = tmp_path / "data"
+    src, tgt = load_dictionaries(data)
+
+    def counts(*pairs: str) -> Counter:
+        c = Counter()
+        for p in pairs:
+            rows = load_split(data, f"train.{p}", p[-2:])
+            c.update(int(t) for i in range(len(rows)) for t in rows[i])
+        return c
+
+    fr = counts("en-fr", "de-fr")
+    r = run_cli("shortlist", data, "--language", "fr")
+    assert r.code == 0, r
+    out = data / "shortlist.fr.txt"
+    want = [tgt.symbols[i] for i in sorted(fr) if i >= 4]
+    assert r.out == f"{out}: the fr vocabulary, {len(want)} pieces of the 160 'train' targets in fr, always candidates\n"
+    (line,) = out.read_text("utf-8").splitlines()
+    assert line == "\t" + " ".join(want)
+    assert any("fr" in p for p in want) and not any("en" in p or "de" in p for p in want)
+    short = sl.Shortlist.load(out, src, tgt)
+    assert short.max_ngram == 0 and len(short) == 1
+    # whatever the source, the candidates are the specials and the French pieces
+    assert short.candidates([np.array([4, 5, 6])]).tolist() == [0, 1, 2, 3, *sorted(i for i in fr if i >= 4)]
+    # the English vocabulary (de-en's targets alone), the pieces seen once left out
+    en = counts("de-en")
+    r = run_cli("shortlist", data, "--language", "en", "--min-count", "2", "-o", tmp_path / "en.txt")
+    assert r.code == 0, r
+    twice = [tgt.symbols[i] for i in sorted(en) if i >= 4 and en[i] >= 2]
+    assert (tmp_path / "en.txt").read_text("utf-8") == "\t" + " ".join(twice) + "\n"
+    assert len(twice) < len([i for i in en if i >= 4])  # zzqx's pieces were seen once
+    for flags, message in [(["--language", "de"], f"--language de: no pair of {data} translates into it "
+                                                  "(its target languages: en, fr)"),
+                           (["--language", "../x"], "--language must be a language code such as de or pt_br, got '../x'"),
+                           (["--language", "fr", "--min-count", "0"], "--min-count must be >= 1, got 0"),
+                           (["--language", "fr", "--min-count", "9999"], "no target piece occurs 9999 time(s) in fr")]:
+        r = run_cli("shortlist", data, *flags, "-o", tmp_path / "bad.txt")
+        assert r.code == 2 and message in r.err and "Traceback" not in r.err, (flags, r.err)
+        assert not (tmp_path / "bad.txt").exists()
+
+
+def test_a_bilingual_directory_has_the_vocabulary_of_its_target_language(data_dir, run_cli, tmp_path):
+    r = run_cli("shortlist", data_dir, "--language", "en", "-o", tmp_path / "en.txt")
+    assert r.code == 0, r
+    src, tgt = load_dictionaries(data_dir)
+    from nmtkit.data.shards import load_split
+
+    targets = load_split(data_dir, "train", "en")
+    seen = {int(t) for i in range(len(targets)) for t in targets[i]}
+    listed = (tmp_path / "en.txt").read_text("utf-8").split("\t")[1].split()
+    assert listed == [tgt.symbols[i] for i in sorted(seen) if i >= 4]  # dictionary order, no specials
+    r = run_cli("shortlist", data_dir, "--language", "de", "-o", tmp_path / "de.txt")
+    assert r.code == 2 and f"--language de: {data_dir} translates into en only" in r.err
+
+
 def test_multi30k_shortlists_cover_the_references(tmp_path, run_cli):
     """On 3,000 Multi30k pairs (words, no subwords): the shortlist of each validation sentence
     holds most of its reference's words (those outside it the search cannot produce) in a few

@@ -29,6 +29,13 @@ def shortlist_cmd(
     iterations: int = typer.Option(ITERATIONS, "--iterations", help="EM rounds of IBM Model 1."),
     split: str = typer.Option("train", "--split", help="The split to learn from (each pair's, in a multilingual "
                               "data directory)."),
+    language: Optional[str] = typer.Option(
+        None, "--language", metavar="LANG", show_default=False,
+        help="Instead: the vocabulary of LANG, every piece the split's targets in LANG use, as always-candidates "
+             "(no source keys; --best, --frequent, --identity and --iterations do not apply): decoding into LANG "
+             "with it cannot use another language's own pieces [default name: DATA_DIR/shortlist.LANG.txt]."),
+    min_count: int = typer.Option(1, "--min-count", help="--language: a piece must occur this often in LANG's "
+                                  "targets (strays of other languages occur rarely)."),
 ) -> None:
     """Build a lexical shortlist (CTranslate2's vocabulary map) from a data directory's training split.
 
@@ -36,17 +43,23 @@ def shortlist_cmd(
     needed) and itself when it is a target piece too; plus the most frequent target pieces, which
     are candidates for every sentence. Writes DATA_DIR/shortlist.txt (or --output), one
     `SOURCE<TAB>TARGET ...` line per source piece, the always-candidates first with an empty SOURCE.
+    With --language LANG: a target language's vocabulary instead, for a multilingual model's
+    directions into LANG (zero-shot ones above all), in DATA_DIR/shortlist.LANG.txt.
     """
     from nmtkit.data import shortlist as sl
     from nmtkit.data.manifest import load_dictionaries, load_manifest
 
-    for flag, value, least in (("--best", best, 0), ("--frequent", frequent, 0), ("--iterations", iterations, 1)):
+    for flag, value, least in (("--best", best, 0), ("--frequent", frequent, 0), ("--iterations", iterations, 1),
+                               ("--min-count", min_count, 1)):
         if value < least:
             raise UserError(f"{flag} must be >= {least}, got {value}")
-    out = output if output is not None else data_dir / DEFAULT_NAME
+    name = _output_name(language)  # checks --language's code, with -o too
+    out = output if output is not None else data_dir / name
     manifest = load_manifest(data_dir)
     check_output(out)
     src_dict, tgt_dict = load_dictionaries(data_dir, manifest)
+    if language is not None:
+        return _language_vocabulary(data_dir, manifest, tgt_dict, language, split, min_count, out)
     src_rows, tgt_rows = sl.training_rows(data_dir, manifest, split)
     console = stderr_console()
     console.print(f"{data_dir}: IBM Model 1 on the {len(src_rows):,} sentence pairs of {split!r}, "
@@ -60,6 +73,34 @@ def shortlist_cmd(
     sl.write(out, rules)
     stdout = text_stdout()
     stdout.write(summary(rules, out) + "\n")
+    stdout.flush()
+
+
+def _output_name(language: str | None) -> str:
+    """The default file name: shortlist.txt, or shortlist.LANG.txt for --language LANG, whose
+    value is refused unless it is a language code (it names a file)."""
+    from nmtkit.data.languages import LANG_RE
+
+    if language is None:
+        return DEFAULT_NAME
+    if not LANG_RE.match(language):
+        raise UserError(f"--language must be a language code such as de or pt_br, got {language!r}")
+    return DEFAULT_NAME.replace(".txt", f".{language}.txt")
+
+
+def _language_vocabulary(data_dir: Path, manifest: dict, tgt_dict, language: str, split: str, min_count: int,
+                         out: Path) -> None:
+    """--language: write LANG's vocabulary to `out`, one summary line on stdout."""
+    from nmtkit.data import shortlist as sl
+
+    rows = sl.language_rows(data_dir, manifest, language, split)
+    rules = sl.language_vocabulary(rows, tgt_dict, min_count)
+    if not rules:
+        raise UserError(f"{data_dir}: no target piece occurs {min_count} time(s) in {language} in {split!r}")
+    sl.write(out, rules)
+    stdout = text_stdout()
+    stdout.write(f"{out}: the {language} vocabulary, {len(rules['']):,} pieces of the {len(rows):,} "
+                 f"{split!r} targets in {language}, always candidates\n")
     stdout.flush()
 
 

@@ -451,6 +451,42 @@ def build(src_rows: Sequence[np.ndarray], tgt_rows: Sequence[np.ndarray], src_di
     return rules
 
 
+def language_vocabulary(tgt_rows: Sequence[np.ndarray], tgt_dict: Dictionary, min_count: int = 1) -> dict[str, list[str]]:
+    """The rules of a language's vocabulary: one always-list of every target piece that the
+    sentences `tgt_rows` (all in that language) use at least `min_count` times, in dictionary
+    order, and no source keys. (A few words of other languages turn up in any corpus: Multi30k's
+    French has "the" 4 times; `min_count` leaves such strays out.)
+
+    Why: a multilingual model asked for a direction it never trained on (zero-shot) often answers
+    in another language, most often the one it produced most in training (English, for an
+    English-centric model); with the output restricted to the pieces seen in the target language,
+    it cannot use another language's own pieces (those they share stay possible)."""
+    counts = np.zeros(len(tgt_dict), dtype=np.int64)
+    for a in range(0, len(tgt_rows), 100_000):  # a bounded slice of sentences at a time
+        ids = np.concatenate([np.asarray(tgt_rows[i], dtype=np.int64).reshape(-1)
+                              for i in range(a, min(a + 100_000, len(tgt_rows)))])
+        counts += np.bincount(ids, minlength=len(tgt_dict))[: len(tgt_dict)]
+    ids = np.flatnonzero(allowed_targets(tgt_dict) & (counts >= max(min_count, 1)))
+    return {"": [tgt_dict.symbols[i] for i in ids]} if len(ids) else {}
+
+
+def language_rows(data_dir: str | os.PathLike, manifest: dict, lang: str, split: str = "train") -> ShardedDataset:
+    """The target sentences of `split` in `lang`: of every pair into it in a multilingual data
+    directory, or the target side of a bilingual one whose target language it is."""
+    pairs = pairs_of(manifest)
+    into = [(s, t) for s, t in pairs if t == lang]
+    if not pairs:
+        if lang != manifest["target_lang"]:
+            raise UserError(f"--language {lang}: {data_dir} translates into {manifest['target_lang']} only")
+        return load_split(data_dir, split, lang, manifest=manifest)
+    if not into:
+        langs = sorted({t for _, t in pairs})
+        raise UserError(f"--language {lang}: no pair of {data_dir} translates into it (its target languages: "
+                        f"{', '.join(langs)})")
+    return ShardedDataset([sh for s, t in into
+                           for sh in load_split(data_dir, split_name(split, s, t), t, manifest=manifest).shards])
+
+
 def training_rows(data_dir: str | os.PathLike, manifest: dict,
                   split: str = "train") -> tuple[ShardedDataset, ShardedDataset]:
     """(source, target) sentences of a data directory's `split`, as two ShardedDatasets. A
