@@ -63,7 +63,7 @@
 #   STAGE=name    start from this stage (it and every later stage run); LAST_STAGE=name stops after it
 #   VOCAB_SIZE, SAMPLING_TEMPERATURE, MAX_UPDATE, MAX_TIME, LR, WARMUP, MAX_TOKENS, DROPOUT,
 #   VALIDATE_INTERVAL, SAVE_INTERVAL_UPDATES, AVG_N, BEAM, LENPEN, DECODING (paper|fairseq),
-#   DEVICE (auto|cpu|cuda), THREADS, WORKERS: see the settings block
+#   DEVICE (auto|cpu|cuda), THREADS, WORKERS, LANG_VOCAB (0|1), LANG_VOCAB_MIN_COUNT: see the settings block
 # The off-target column needs langid (the optional extra `langid`: pip install -e '.[langid]');
 # the recipe installs it into its environment, and leaves the column out, saying so, when it cannot.
 set -euo pipefail
@@ -122,6 +122,11 @@ LENPEN=${LENPEN:-0.6}
 # rules, which keep a weak model's outputs from stopping after one word, so that the off-target
 # column has sentences to judge (the tiny model's "Eine" or "Un" alone is no test of a language)
 DECODING=${DECODING:-$(s fairseq paper)}
+# LANG_VOCAB=1: every direction into a language decodes with that language's vocabulary as a
+# shortlist (nmtkit shortlist --language, pieces seen LANG_VOCAB_MIN_COUNT times or more), into
+# results_langvocab/ and score_langvocab.txt beside the plain ones: against zero-shot off-target
+LANG_VOCAB=${LANG_VOCAB:-0}
+LANG_VOCAB_MIN_COUNT=${LANG_VOCAB_MIN_COUNT:-1}
 MAX_LEN_A=1 MAX_LEN_B=50               # output limit: input length + 50 (the paper's)
 DEVICE=${DEVICE:-$(s cpu auto)}
 THREADS=${THREADS:-$(s 1 "$(nproc)")}
@@ -137,8 +142,8 @@ THREADS=${THREADS:-$(s 1 "$(nproc)")}
 DATA_BIN=$WORK/data
 CKPT_DIR=$WORK/checkpoints
 AVG_CKPT=$CKPT_DIR/average_last$AVG_N.pt
-RESULTS=$WORK/results
-SCORE_FILE=$WORK/score.txt
+RESULTS=$WORK/results$([ "$LANG_VOCAB" != 1 ] || echo _langvocab)
+SCORE_FILE=$WORK/score$([ "$LANG_VOCAB" != 1 ] || echo _langvocab).txt
 STAMP_DIR=$WORK/stamps
 STAGES=(data preprocess train average generate score)
 
@@ -272,9 +277,15 @@ stage_generate() {  # RESULTS/SRC-TGT.hyp for every evaluated direction, from th
         dirs=$(for dir in $EVALUATED; do [ "${dir#*-}" != "$tgt" ] || echo "$dir"; done)
         [ -n "$dirs" ] || continue
         for dir in $dirs; do gzip -dc "$WORK/raw/test.${dir%-*}.gz"; done > "$RESULTS/into_$tgt.src"
+        vocab=()
+        if [ "$LANG_VOCAB" = 1 ]; then
+            nmtkit shortlist "$DATA_BIN" --language "$tgt" --min-count "$LANG_VOCAB_MIN_COUNT" \
+                --output "$RESULTS/shortlist.$tgt.txt" >&2  # its summary line: the recipe's stdout is the table
+            vocab=(--shortlist "$RESULTS/shortlist.$tgt.txt")
+        fi
         nmtkit generate "$DATA_BIN" --path "$AVG_CKPT" --input "$RESULTS/into_$tgt.src" --target-lang "$tgt" \
             --beam "$BEAM" --lenpen "$LENPEN" --decoding "$DECODING" --max-len-a "$MAX_LEN_A" \
-            --max-len-b "$MAX_LEN_B" --device "$DEVICE" --output "$RESULTS/into_$tgt.hyp" "${gen[@]}"
+            --max-len-b "$MAX_LEN_B" --device "$DEVICE" --output "$RESULTS/into_$tgt.hyp" "${gen[@]}" "${vocab[@]}"
         i=0
         for dir in $dirs; do  # the test sets are line-parallel: TEST_LINES lines per direction
             sed -n "$((i * TEST_LINES + 1)),$(((i + 1) * TEST_LINES))p" "$RESULTS/into_$tgt.hyp" > "$RESULTS/$dir.hyp"
@@ -356,6 +367,8 @@ stage_score() {
 }
 
 [[ $SMOKE =~ ^[01]$ ]] || die "SMOKE must be 0 or 1, got '$SMOKE'"
+[[ $LANG_VOCAB =~ ^[01]$ ]] || die "LANG_VOCAB must be 0 or 1, got '$LANG_VOCAB'"
+[[ $LANG_VOCAB_MIN_COUNT =~ ^[1-9][0-9]*$ ]] || die "LANG_VOCAB_MIN_COUNT must be a positive integer, got '$LANG_VOCAB_MIN_COUNT'"
 for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
@@ -376,7 +389,7 @@ K_PREPROCESS=$(key preprocess "$K_DATA" "$TRAINED" "$VOCAB_SIZE")
 K_TRAIN=$(key train "$K_PREPROCESS" "${ARCH_FLAGS[@]}" "$SAMPLING_TEMPERATURE" "$LR" "$WARMUP" "$MAX_TOKENS" \
     "$MAX_UPDATE" "$MAX_TIME" "$VALIDATE_INTERVAL" "$SAVE_INTERVAL_UPDATES" "$SEED")
 K_AVERAGE=$(key average "$K_TRAIN" "$AVG_N")
-K_GENERATE=$(key generate "$K_AVERAGE" "$EVALUATED" "$BEAM" "$LENPEN" "$DECODING")
+K_GENERATE=$(key generate "$K_AVERAGE" "$EVALUATED" "$BEAM" "$LENPEN" "$DECODING" "$LANG_VOCAB" "$LANG_VOCAB_MIN_COUNT")
 HAVE_LANGID=$(python -c 'import langid' 2>/dev/null && echo yes || echo no)
 K_SCORE=$(key score "$K_GENERATE" "$HAVE_LANGID")  # langid installed later: the column is added
 

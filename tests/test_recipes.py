@@ -442,6 +442,21 @@ def test_multilingual_smoke(tmp_path):
         (d, "yes") for d in ("de-fr", "fr-de", "de-cs", "cs-de", "fr-cs", "cs-fr")], r3.stdout
     assert [m[:2] for m in ML_MEAN.findall(r3.stdout)] == [("6", "supervised"), ("6", "zero-shot")], r3.stdout
 
+    # LANG_VOCAB=1: each target language's vocabulary as the shortlist of the directions into it,
+    # into results_langvocab/ and score_langvocab.txt; the plain translations stay as they were
+    plain = {d: _hyps(work / "results" / f"{d}.hyp") for d in ML_ALL}
+    r4 = _run(["bash", "recipes/multilingual.sh", "--smoke"], {**env, "LANG_VOCAB": "1", "STAGE": "generate"})
+    assert r4.returncode == 0, r4.stderr[-3000:]
+    assert [row[0] for row in ML_ROW.findall(r4.stdout)] == ML_ALL, r4.stdout
+    assert (work / "score_langvocab.txt").read_text() == r4.stdout
+    for lang in ("de", "en", "fr", "cs"):
+        (line,) = (work / "results_langvocab" / f"shortlist.{lang}.txt").read_text("utf-8").splitlines()
+        assert line.startswith("\t") and len(line.split(" ")) > 100, lang  # the always-list alone
+    for d in ML_ALL:
+        hyps = _hyps(work / "results_langvocab" / f"{d}.hyp")
+        assert len(hyps) == 200 and not [h for h in hyps if ">>" in h], d
+        assert _hyps(work / "results" / f"{d}.hyp") == plain[d]
+
 
 def test_multilingual_pair_smoke(tmp_path):
     """MODE=pair: one direction's bilingual baseline through the same pipeline (here fr-de, no
@@ -512,6 +527,7 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"MODE": "pair", "PAIR": "de-en/../x"}, "two different languages of de en fr cs, got 'de-en/../x'"),
                        ({"PAIR": "de-en"}, "PAIR=de-en needs MODE=pair (MODE is all)"),
                        ({"MODEL_SIZE": "big"}, "MODEL_SIZE must be quickstart or small, got 'big'"),
+                       ({"LANG_VOCAB": "yes"}, "LANG_VOCAB must be 0 or 1, got 'yes'"),
                        ({"SAVE_INTERVAL_UPDATES": "200"}, "AVG_N=2 checkpoints to average need MAX_UPDATE / "
                                                           "SAVE_INTERVAL_UPDATES >= 2 (300 / 200 saves 1)"),
                        ({"VALIDATE_INTERVAL": "often"}, "VALIDATE_INTERVAL must be a non-negative integer, got 'often'"),
