@@ -64,7 +64,9 @@ def main() -> None:
         hyp = r.hypotheses[0]
         n_tok += len(hyp)
         out[i] = tgt_sp.decode(hyp)
-    with open(a.output, "w", encoding="utf-8") as fh:
+    from nmtkit.io import atomic_write
+
+    with atomic_write(a.output) as fh:  # a complete file or none: the bench reads it back
         fh.write("".join(line + "\n" for line in out))
     json.dump({"load_s": load_s, "translate_s": translate_s, "sentences": len(lines), "tokens": n_tok}, sys.stdout)
     print()
