@@ -38,7 +38,7 @@
 #   average     the last AVG_N checkpoints averaged into one model
 #   generate    test_2016_flickr (1000 sentences) translated in every evaluated direction, the
 #               source language's lines as raw text with --target-lang: beam 4, length penalty
-#               0.6, the quickstart's decoding; one nmtkit generate per target language
+#               0.6, fairseq's decoding (DECODING); one nmtkit generate per target language
 #   score       sacreBLEU per direction; one table on stdout: direction, BLEU, zero-shot or not,
 #               off-target % (the share of non-empty outputs that langid, restricted to the four
 #               languages, says are in another language than the target), then the means over
@@ -63,7 +63,8 @@
 #   STAGE=name    start from this stage (it and every later stage run); LAST_STAGE=name stops after it
 #   VOCAB_SIZE, SAMPLING_TEMPERATURE, MAX_UPDATE, MAX_TIME, LR, WARMUP, MAX_TOKENS, DROPOUT,
 #   VALIDATE_INTERVAL, SAVE_INTERVAL_UPDATES, AVG_N, BEAM, LENPEN, DECODING (paper|fairseq),
-#   DEVICE (auto|cpu|cuda), THREADS, WORKERS, LANG_VOCAB (0|1), LANG_VOCAB_MIN_COUNT: see the settings block
+#   DEVICE (auto|cpu|cuda), THREADS, WORKERS, LANG_VOCAB (0|1), LANG_VOCAB_MIN_COUNT,
+#   LANG_VOCAB_MIN_RATIO: see the settings block
 # The off-target column needs langid (the optional extra `langid`: pip install -e '.[langid]');
 # the recipe installs it into its environment, and leaves the column out, saying so, when it cannot.
 set -euo pipefail
@@ -118,15 +119,18 @@ AVG_N=${AVG_N:-$(s 2 5)}
 SEED=${SEED:-1}
 BEAM=${BEAM:-4}
 LENPEN=${LENPEN:-0.6}
-# the quickstart's decoding (paper: the GNMT length penalty, exact stopping); --smoke: fairseq's
-# rules, which keep a weak model's outputs from stopping after one word, so that the off-target
-# column has sentences to judge (the tiny model's "Eine" or "Un" alone is no test of a language)
-DECODING=${DECODING:-$(s fairseq paper)}
+# fairseq's rules (its length penalty, stopping once the beam has finished hypotheses): with the
+# paper's (DECODING=paper, the quickstart's), these models' outputs stop early, a word or two when
+# zero-shot (the English-centric small model's supervised en->X: 3-4 BLEU less, docs/multilingual.md),
+# and one word gives langid nothing to judge
+DECODING=${DECODING:-fairseq}
 # LANG_VOCAB=1: every direction into a language decodes with that language's vocabulary as a
-# shortlist (nmtkit shortlist --language, pieces seen LANG_VOCAB_MIN_COUNT times or more), into
+# shortlist (nmtkit shortlist --language: pieces seen LANG_VOCAB_MIN_COUNT times or more, and at
+# least LANG_VOCAB_MIN_RATIO times as frequent as in any other target language), into
 # results_langvocab/ and score_langvocab.txt beside the plain ones: against zero-shot off-target
 LANG_VOCAB=${LANG_VOCAB:-0}
 LANG_VOCAB_MIN_COUNT=${LANG_VOCAB_MIN_COUNT:-1}
+LANG_VOCAB_MIN_RATIO=${LANG_VOCAB_MIN_RATIO:-0.2}
 MAX_LEN_A=1 MAX_LEN_B=50               # output limit: input length + 50 (the paper's)
 DEVICE=${DEVICE:-$(s cpu auto)}
 THREADS=${THREADS:-$(s 1 "$(nproc)")}
@@ -280,6 +284,7 @@ stage_generate() {  # RESULTS/SRC-TGT.hyp for every evaluated direction, from th
         vocab=()
         if [ "$LANG_VOCAB" = 1 ]; then
             nmtkit shortlist "$DATA_BIN" --language "$tgt" --min-count "$LANG_VOCAB_MIN_COUNT" \
+                --min-ratio "$LANG_VOCAB_MIN_RATIO" \
                 --output "$RESULTS/shortlist.$tgt.txt" >&2  # its summary line: the recipe's stdout is the table
             vocab=(--shortlist "$RESULTS/shortlist.$tgt.txt")
         fi
@@ -369,6 +374,7 @@ stage_score() {
 [[ $SMOKE =~ ^[01]$ ]] || die "SMOKE must be 0 or 1, got '$SMOKE'"
 [[ $LANG_VOCAB =~ ^[01]$ ]] || die "LANG_VOCAB must be 0 or 1, got '$LANG_VOCAB'"
 [[ $LANG_VOCAB_MIN_COUNT =~ ^[1-9][0-9]*$ ]] || die "LANG_VOCAB_MIN_COUNT must be a positive integer, got '$LANG_VOCAB_MIN_COUNT'"
+[[ $LANG_VOCAB_MIN_RATIO =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "LANG_VOCAB_MIN_RATIO must be a number >= 0, got '$LANG_VOCAB_MIN_RATIO'"
 for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
@@ -389,7 +395,7 @@ K_PREPROCESS=$(key preprocess "$K_DATA" "$TRAINED" "$VOCAB_SIZE")
 K_TRAIN=$(key train "$K_PREPROCESS" "${ARCH_FLAGS[@]}" "$SAMPLING_TEMPERATURE" "$LR" "$WARMUP" "$MAX_TOKENS" \
     "$MAX_UPDATE" "$MAX_TIME" "$VALIDATE_INTERVAL" "$SAVE_INTERVAL_UPDATES" "$SEED")
 K_AVERAGE=$(key average "$K_TRAIN" "$AVG_N")
-K_GENERATE=$(key generate "$K_AVERAGE" "$EVALUATED" "$BEAM" "$LENPEN" "$DECODING" "$LANG_VOCAB" "$LANG_VOCAB_MIN_COUNT")
+K_GENERATE=$(key generate "$K_AVERAGE" "$EVALUATED" "$BEAM" "$LENPEN" "$DECODING" "$LANG_VOCAB" "$LANG_VOCAB_MIN_COUNT" "$LANG_VOCAB_MIN_RATIO")
 HAVE_LANGID=$(python -c 'import langid' 2>/dev/null && echo yes || echo no)
 K_SCORE=$(key score "$K_GENERATE" "$HAVE_LANGID")  # langid installed later: the column is added
 

@@ -528,6 +528,7 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"PAIR": "de-en"}, "PAIR=de-en needs MODE=pair (MODE is all)"),
                        ({"MODEL_SIZE": "big"}, "MODEL_SIZE must be quickstart or small, got 'big'"),
                        ({"LANG_VOCAB": "yes"}, "LANG_VOCAB must be 0 or 1, got 'yes'"),
+                       ({"LANG_VOCAB_MIN_RATIO": "-1"}, "LANG_VOCAB_MIN_RATIO must be a number >= 0, got '-1'"),
                        ({"SAVE_INTERVAL_UPDATES": "200"}, "AVG_N=2 checkpoints to average need MAX_UPDATE / "
                                                           "SAVE_INTERVAL_UPDATES >= 2 (300 / 200 saves 1)"),
                        ({"VALIDATE_INTERVAL": "often"}, "VALIDATE_INTERVAL must be a non-negative integer, got 'often'"),

@@ -450,8 +450,9 @@ def test_a_language_vocabulary_holds_the_pieces_of_that_languages_targets(tmp_pa
     words = ["hat", "sol", "mir", "kop", "lun"]
     lines = [[rng.choice(words) for _ in range(rng.randint(2, 5))] for _ in range(80)]
     lines[0] = ["zzqx"]  # a word that occurs once, in every language
-    for lang in ("de", "en", "fr"):
-        (raw / f"train.{lang}").write_text("".join(" ".join(lang + w for w in ln) + "\n" for ln in lines))
+    for lang in ("de", "en", "fr"):  # and one all share, "qq": on every German and English line, 5 French ones
+        (raw / f"train.{lang}").write_text("".join(" ".join(lang + w for w in ln) + (" qq" if lang != "fr" or k < 5 else "")
+                                                   + "\n" for k, ln in enumerate(lines)))
     cfg = PreprocessConfig(source_lang="de", target_lang="en", trainpref=str(raw / "train"),
                            destdir=str(tmp_path / "data"), vocab_size=60)
     ML.preprocess_multilingual(cfg, [("de", "en"), ("en", "fr"), ("de", "fr")], 5.0)
@@ -485,11 +486,23 @@ def test_a_language_vocabulary_holds_the_pieces_of_that_languages_targets(tmp_pa
     twice = [tgt.symbols[i] for i in sorted(en) if i >= 4 and en[i] >= 2]
     assert (tmp_path / "en.txt").read_text("utf-8") == "\t" + " ".join(twice) + "\n"
     assert len(twice) < len([i for i in en if i >= 4])  # zzqx's pieces were seen once
+    # --min-ratio 2: a piece's share of the French target tokens at least twice its share of the
+    # English ones (the other target language); ties and pieces English lacks kept
+    r = run_cli("shortlist", data, "--language", "fr", "--min-ratio", "2", "-o", tmp_path / "fr2.txt")
+    assert r.code == 0, r
+    n_fr, n_en = sum(fr.values()), sum(en.values())
+    distinct = [tgt.symbols[i] for i in sorted(fr) if i >= 4 and fr[i] / n_fr >= 2 * en.get(i, 0) / n_en]
+    assert (tmp_path / "fr2.txt").read_text("utf-8") == "\t" + " ".join(distinct) + "\n"
+    assert "▁qq" in want and "▁qq" not in distinct  # English's far more than French's
+    assert "▁frhat" in distinct and "▁frsol" in distinct
     for flags, message in [(["--language", "de"], f"--language de: no pair of {data} translates into it "
                                                   "(its target languages: en, fr)"),
                            (["--language", "../x"], "--language must be a language code such as de or pt_br, got '../x'"),
                            (["--language", "fr", "--min-count", "0"], "--min-count must be >= 1, got 0"),
-                           (["--language", "fr", "--min-count", "9999"], "no target piece occurs 9999 time(s) in fr")]:
+                           (["--language", "fr", "--min-ratio", "-1"], "--min-ratio must be >= 0, got -1.0"),
+                           (["--language", "fr", "--min-ratio", "nan"], "--min-ratio must be >= 0, got nan"),
+                           (["--language", "fr", "--min-count", "9999"],
+                            "no target piece of fr in 'train' passes --min-count 9999 and --min-ratio 0")]:
         r = run_cli("shortlist", data, *flags, "-o", tmp_path / "bad.txt")
         assert r.code == 2 and message in r.err and "Traceback" not in r.err, (flags, r.err)
         assert not (tmp_path / "bad.txt").exists()
@@ -506,7 +519,7 @@ def test_a_bilingual_directory_has_the_vocabulary_of_its_target_language(data_di
     listed = (tmp_path / "en.txt").read_text("utf-8").split("\t")[1].split()
     assert listed == [tgt.symbols[i] for i in sorted(seen) if i >= 4]  # dictionary order, no specials
     r = run_cli("shortlist", data_dir, "--language", "de", "-o", tmp_path / "de.txt")
-    assert r.code == 2 and f"--language de: {data_dir} translates into en only" in r.err
+    assert r.code == 2 and f"--language de: no pair of {data_dir} translates into it (its target languages: en)" in r.err
 
 
 def test_multi30k_shortlists_cover_the_references(tmp_path, run_cli):

@@ -36,6 +36,8 @@ def shortlist_cmd(
              "with it cannot use another language's own pieces [default name: DATA_DIR/shortlist.LANG.txt]."),
     min_count: int = typer.Option(1, "--min-count", help="--language: a piece must occur this often in LANG's "
                                   "targets (strays of other languages occur rarely)."),
+    min_ratio: float = typer.Option(0.0, "--min-ratio", help="--language: a piece's share of LANG's target tokens "
+                                    "must be at least this times its share of any other target language's (0: off)."),
 ) -> None:
     """Build a lexical shortlist (CTranslate2's vocabulary map) from a data directory's training split.
 
@@ -50,8 +52,8 @@ def shortlist_cmd(
     from nmtkit.data.manifest import load_dictionaries, load_manifest
 
     for flag, value, least in (("--best", best, 0), ("--frequent", frequent, 0), ("--iterations", iterations, 1),
-                               ("--min-count", min_count, 1)):
-        if value < least:
+                               ("--min-count", min_count, 1), ("--min-ratio", min_ratio, 0)):
+        if not value >= least:  # NaN too
             raise UserError(f"{flag} must be >= {least}, got {value}")
     name = _output_name(language)  # checks --language's code, with -o too
     out = output if output is not None else data_dir / name
@@ -59,7 +61,7 @@ def shortlist_cmd(
     check_output(out)
     src_dict, tgt_dict = load_dictionaries(data_dir, manifest)
     if language is not None:
-        return _language_vocabulary(data_dir, manifest, tgt_dict, language, split, min_count, out)
+        return _language_vocabulary(data_dir, manifest, tgt_dict, language, split, (min_count, min_ratio), out)
     src_rows, tgt_rows = sl.training_rows(data_dir, manifest, split)
     console = stderr_console()
     console.print(f"{data_dir}: IBM Model 1 on the {len(src_rows):,} sentence pairs of {split!r}, "
@@ -88,18 +90,23 @@ def _output_name(language: str | None) -> str:
     return DEFAULT_NAME.replace(".txt", f".{language}.txt")
 
 
-def _language_vocabulary(data_dir: Path, manifest: dict, tgt_dict, language: str, split: str, min_count: int,
-                         out: Path) -> None:
-    """--language: write LANG's vocabulary to `out`, one summary line on stdout."""
+def _language_vocabulary(data_dir: Path, manifest: dict, tgt_dict, language: str, split: str,
+                         limits: tuple[int, float], out: Path) -> None:
+    """--language: write LANG's vocabulary to `out` (limits: --min-count, --min-ratio), one
+    summary line on stdout."""
     from nmtkit.data import shortlist as sl
 
-    rows = sl.language_rows(data_dir, manifest, language, split)
-    rules = sl.language_vocabulary(rows, tgt_dict, min_count)
+    counts = sl.language_counts(data_dir, manifest, len(tgt_dict), split)
+    if language not in counts:
+        raise UserError(f"--language {language}: no pair of {data_dir} translates into it (its target languages: "
+                        f"{', '.join(sorted(counts))})")
+    rules = sl.language_vocabulary(counts, language, tgt_dict, *limits)
     if not rules:
-        raise UserError(f"{data_dir}: no target piece occurs {min_count} time(s) in {language} in {split!r}")
+        raise UserError(f"{data_dir}: no target piece of {language} in {split!r} passes --min-count {limits[0]} "
+                        f"and --min-ratio {limits[1]:g}")
     sl.write(out, rules)
     stdout = text_stdout()
-    stdout.write(f"{out}: the {language} vocabulary, {len(rules['']):,} pieces of the {len(rows):,} "
+    stdout.write(f"{out}: the {language} vocabulary, {len(rules['']):,} pieces of the {counts[language][0]:,} "
                  f"{split!r} targets in {language}, always candidates\n")
     stdout.flush()
 

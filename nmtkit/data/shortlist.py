@@ -451,40 +451,55 @@ def build(src_rows: Sequence[np.ndarray], tgt_rows: Sequence[np.ndarray], src_di
     return rules
 
 
-def language_vocabulary(tgt_rows: Sequence[np.ndarray], tgt_dict: Dictionary, min_count: int = 1) -> dict[str, list[str]]:
-    """The rules of a language's vocabulary: one always-list of every target piece that the
-    sentences `tgt_rows` (all in that language) use at least `min_count` times, in dictionary
-    order, and no source keys. (A few words of other languages turn up in any corpus: Multi30k's
-    French has "the" 4 times; `min_count` leaves such strays out.)
+def piece_counts(rows: Sequence[np.ndarray], size: int) -> np.ndarray:
+    """(size,) int64: how often each id occurs in the sentences `rows`."""
+    counts = np.zeros(size, dtype=np.int64)
+    for a in range(0, len(rows), 100_000):  # a bounded slice of sentences at a time
+        ids = [np.asarray(rows[i], dtype=np.int64).reshape(-1) for i in range(a, min(a + 100_000, len(rows)))]
+        counts += np.bincount(np.concatenate(ids), minlength=size)[:size]
+    return counts
+
+
+def language_counts(data_dir: str | os.PathLike, manifest: dict, size: int,
+                    split: str = "train") -> dict[str, tuple[int, np.ndarray]]:
+    """Per target language of a data directory: (sentences, piece counts) of its `split`'s
+    targets in that language (every pair into it, in a multilingual directory)."""
+    pairs = pairs_of(manifest)
+    if not pairs:
+        rows = load_split(data_dir, split, manifest["target_lang"], manifest=manifest)
+        return {manifest["target_lang"]: (len(rows), piece_counts(rows, size))}
+    out: dict[str, tuple[int, np.ndarray]] = {}
+    for lang in dict.fromkeys(t for _, t in pairs):  # the manifest's order
+        rows = ShardedDataset([sh for s, t in pairs if t == lang
+                               for sh in load_split(data_dir, split_name(split, s, t), t, manifest=manifest).shards])
+        out[lang] = (len(rows), piece_counts(rows, size))
+    return out
+
+
+def language_vocabulary(counts: dict[str, tuple[int, np.ndarray]], lang: str, tgt_dict: Dictionary,
+                        min_count: int = 1, min_ratio: float = 0.0) -> dict[str, list[str]]:
+    """The rules of LANG's vocabulary: one always-list, in dictionary order, of every target piece
+    that LANG's targets use at least `min_count` times and, by its share of each language's
+    target tokens, at least `min_ratio` times as often as in any other target language's; no
+    source keys. `counts`: `language_counts`'s.
 
     Why: a multilingual model asked for a direction it never trained on (zero-shot) often answers
     in another language, most often the one it produced most in training (English, for an
-    English-centric model); with the output restricted to the pieces seen in the target language,
-    it cannot use another language's own pieces (those they share stay possible)."""
-    counts = np.zeros(len(tgt_dict), dtype=np.int64)
-    for a in range(0, len(tgt_rows), 100_000):  # a bounded slice of sentences at a time
-        ids = np.concatenate([np.asarray(tgt_rows[i], dtype=np.int64).reshape(-1)
-                              for i in range(a, min(a + 100_000, len(tgt_rows)))])
-        counts += np.bincount(ids, minlength=len(tgt_dict))[: len(tgt_dict)]
-    ids = np.flatnonzero(allowed_targets(tgt_dict) & (counts >= max(min_count, 1)))
+    English-centric model); with the output restricted to LANG's pieces, it cannot use another
+    language's own ones. With a joint vocabulary the languages share many pieces, and any corpus
+    holds strays of other languages (Multi30k's French has "the" 4 times, "people" once):
+    `min_count` leaves the strays out, and `min_ratio` the pieces that are another language's far
+    more than LANG's (`▁A` is English's, though French has it; `▁man` too, though French writes
+    *manteau*), which LANG can still spell from smaller pieces."""
+    _, mine = counts[lang]
+    keep = allowed_targets(tgt_dict) & (mine >= max(min_count, 1))
+    if min_ratio > 0:
+        share = mine / max(int(mine.sum()), 1)
+        for other, (_, c) in counts.items():
+            if other != lang:
+                keep &= share >= min_ratio * (c / max(int(c.sum()), 1))
+    ids = np.flatnonzero(keep)
     return {"": [tgt_dict.symbols[i] for i in ids]} if len(ids) else {}
-
-
-def language_rows(data_dir: str | os.PathLike, manifest: dict, lang: str, split: str = "train") -> ShardedDataset:
-    """The target sentences of `split` in `lang`: of every pair into it in a multilingual data
-    directory, or the target side of a bilingual one whose target language it is."""
-    pairs = pairs_of(manifest)
-    into = [(s, t) for s, t in pairs if t == lang]
-    if not pairs:
-        if lang != manifest["target_lang"]:
-            raise UserError(f"--language {lang}: {data_dir} translates into {manifest['target_lang']} only")
-        return load_split(data_dir, split, lang, manifest=manifest)
-    if not into:
-        langs = sorted({t for _, t in pairs})
-        raise UserError(f"--language {lang}: no pair of {data_dir} translates into it (its target languages: "
-                        f"{', '.join(langs)})")
-    return ShardedDataset([sh for s, t in into
-                           for sh in load_split(data_dir, split_name(split, s, t), t, manifest=manifest).shards])
 
 
 def training_rows(data_dir: str | os.PathLike, manifest: dict,
