@@ -517,6 +517,18 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     assert "target: zero-shot off-target at most 5%: mean 5.4%, worst 12.5%: not met" in r.stdout
     # the lowest ratio: cs-fr, 18 / 41
     assert "target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction: lowest 44%: not met" in r.stdout
+    assert "LANG_VOCAB" not in r.stdout
+    # with the English-centric model's LANG_VOCAB=1 translations: their zero-shot rows and verdicts too
+    lv = {d: (25.0 if d in zs else 31.0, d in zs, 1.5) for d in ML_DIRS}
+    (root / "multi30k_4way_english_centric_small" / "score_langvocab.txt").write_text(_score_txt(lv, 8000, 10 ** 7))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 0, r.stderr
+    assert "de-fr      BLEU  25.00  off-target   1.5 %  ZS/12-dir  78%  ZS/bi  71%" in r.stdout
+    label = " (with each target language's vocabulary, LANG_VOCAB=1)"
+    assert f"target: zero-shot off-target at most 5%{label}: mean 1.5%, worst 1.5%: met" in r.stdout
+    # cs-fr: 25 / 41
+    assert f"target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction{label}: lowest " \
+           "61%: met" in r.stdout
 
 
 def test_multilingual_refuses_bad_settings(tmp_path):
