@@ -16,13 +16,14 @@
 #                    the same model and pipeline, the quickstart's 8000 pieces and 1600 updates
 #                    (the twelve baselines together: 19,200 updates, beside all's 8000)
 #   table            no training: the three kinds side by side, from the score.txt of the runs
-#                    above (all, english-centric, the twelve pairs; in RUNS_ROOT, default ./runs,
+#                    above (all, english-centric, the twelve pairs; in RUNS_ROOT, default runs/ of the
+#                    checkout, a relative one taken from the checkout too,
 #                    of the same MODEL_SIZE): BLEU per direction, the means, the updates and
 #                    target tokens each was trained with, and the targets met or not
 # Model sizes (MODEL_SIZE), the same for every mode:
 #   quickstart       (default) the quickstart's model: d_model 256, 3+3 layers, 4 heads, d_ff 1024
 #   small            d_model 128 and d_ff 512 (3+3 layers, 4 heads), and half the pieces (4000 for
-#                    a pair, 8000 for four languages): about a third of an update's work, so that
+#                    a pair, 8000 for four languages): about a quarter of an update's arithmetic, so that
 #                    the whole comparison (12 baselines, the 12-direction and the English-centric
 #                    model) fits in a few hours of a 2-core CPU instead of a working day
 # Stages (each skipped when its verified output exists, so a re-run continues where it stopped):
@@ -121,7 +122,8 @@ BEAM=${BEAM:-4}
 LENPEN=${LENPEN:-0.6}
 # fairseq's rules (its length penalty, stopping once the beam has finished hypotheses): with the
 # paper's (DECODING=paper, the quickstart's), these models' outputs stop early, a word or two when
-# zero-shot (the English-centric small model's supervised en->X: 3-4 BLEU less, docs/multilingual.md),
+# zero-shot (the English-centric small model's supervised en->X: 3-4 BLEU less, docs/multilingual.md,
+# "The comparison, measured"),
 # and one word gives langid nothing to judge
 DECODING=${DECODING:-fairseq}
 # LANG_VOCAB=1: every direction into a language decodes with that language's vocabulary as a
@@ -170,19 +172,28 @@ dirs = ["de-en", "en-de", "de-fr", "fr-de", "de-cs", "cs-de", "en-fr", "fr-en", 
 runs = {"all": f"{root}/multi30k_4way_all{tag}", "english-centric": f"{root}/multi30k_4way_english_centric{tag}",
         **{d: f"{root}/multi30k_4way_pair_{d.replace('-', '_')}{tag}" for d in dirs}}
 
-def read(path):  # a score.txt: {direction: (BLEU, zero-shot, off-target %)}, updates, target tokens
+def read(path, want):  # a score.txt: {direction: (BLEU, zero-shot, off-target %)}, updates, target tokens
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     rows = {m[0]: (float(m[1]), m[2] == "yes", float(m[3]) if m[3] else None) for m in
             re.findall(r"^([a-z]{2}-[a-z]{2}) +(\d+\.\d\d)  (yes|no) *(?: +(\d+\.\d))?$", text, re.M)}
     upd = re.search(r"^trained with (\d+) updates, (\d+) target tokens", text, re.M)
+    absent = [d for d in want if d not in rows]
+    if absent or upd is None:
+        print(f"[multilingual] error: {path}: " + (f"no row for {', '.join(absent)}" if absent else
+              "no 'trained with N updates, T target tokens' line") + "; run its score stage again", file=sys.stderr)
+        sys.exit(2)
     return rows, int(upd[1]), int(upd[2])
+
+
+def share(a, b):  # a as a percentage of b, or n/a where b is 0
+    return f"{a / b:.0%}" if b else "n/a"
 
 
 scores, missing = {}, []
 for name, work in runs.items():
     try:
-        scores[name] = read(f"{work}/score.txt")
+        scores[name] = read(f"{work}/score.txt", dirs if name in ("all", "english-centric") else [name])
     except OSError:
         missing.append(f"{name} ({work}/score.txt)")
 if missing:
@@ -197,7 +208,7 @@ print(f"{'direction':<10} {'12-dir':>7} {'bilingual':>9} {'En-centric':>10}  zer
       f"{'ZS/12-dir':>10}  {'ZS/bi':>6}")
 for d in dirs:
     m, b, (e, zs, off) = multi[d][0], bi[d][0], ec[d]
-    ratios = f"  {e / m:10.0%}  {e / b:6.0%}" if zs else ""
+    ratios = f"  {share(e, m):>10}  {share(e, b):>6}" if zs else ""
     print(f"{d:<10} {m:7.2f} {b:9.2f} {e:10.2f}  {'yes' if zs else 'no':<9}  "
           f"{off if off is not None else float('nan'):12.1f}{ratios}")
 mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
@@ -213,12 +224,12 @@ print(f"target: 12-direction mean {m_mean:.2f} >= bilingual mean {b_mean:.2f} wi
       f"({scores['all'][1]} <= {pair_updates}): {verdict(m_mean >= b_mean and scores['all'][1] <= pair_updates)}")
 variants = [("", ec)]
 try:  # LANG_VOCAB=1's translations of the English-centric model, when made
-    lv = read(f"{runs['english-centric']}/score_langvocab.txt")[0]
+    lv = read(f"{runs['english-centric']}/score_langvocab.txt", dirs)[0]
     variants.append((" (with each target language's vocabulary, LANG_VOCAB=1)", lv))
     print(f"English-centric with each target language's vocabulary (LANG_VOCAB=1), zero-shot directions:")
     for d in zs:
         print(f"{d:<10} BLEU {lv[d][0]:6.2f}  off-target {lv[d][2] if lv[d][2] is not None else float('nan'):5.1f} %"
-              f"  ZS/12-dir {lv[d][0] / multi[d][0]:4.0%}  ZS/bi {lv[d][0] / bi[d][0]:4.0%}")
+              f"  ZS/12-dir {share(lv[d][0], multi[d][0]):>4}  ZS/bi {share(lv[d][0], bi[d][0]):>4}")
 except OSError:
     pass
 for label, v in variants if zs else []:
@@ -226,9 +237,9 @@ for label, v in variants if zs else []:
         off = mean([v[d][2] for d in zs])
         print(f"target: zero-shot off-target at most 5%{label}: mean {off:.1f}%, worst "
               f"{max(v[d][2] for d in zs):.1f}%: {verdict(all(v[d][2] <= 5 for d in zs))}")
-    low = min(v[d][0] / multi[d][0] for d in zs)
+    low = min(zs, key=lambda d: v[d][0] / multi[d][0] if multi[d][0] else float("inf"))
     print(f"target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction{label}: "
-          f"lowest {low:.0%}: {verdict(low >= 0.6)}")
+          f"lowest {share(v[low][0], multi[low][0])} ({low}): {verdict(v[low][0] >= 0.6 * multi[low][0])}")
 EOF
     exit
 fi
@@ -295,7 +306,7 @@ stage_generate() {  # RESULTS/SRC-TGT.hyp for every evaluated direction, from th
         dirs=$(for dir in $EVALUATED; do [ "${dir#*-}" != "$tgt" ] || echo "$dir"; done)
         [ -n "$dirs" ] || continue
         for dir in $dirs; do gzip -dc "$WORK/raw/test.${dir%-*}.gz"; done > "$RESULTS/into_$tgt.src"
-        vocab=()
+        local vocab=()
         if [ "$LANG_VOCAB" = 1 ]; then
             nmtkit shortlist "$DATA_BIN" --language "$tgt" --min-count "$LANG_VOCAB_MIN_COUNT" \
                 --min-ratio "$LANG_VOCAB_MIN_RATIO" \
@@ -392,7 +403,9 @@ stage_score() {
 for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
-if [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] && [ $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)) -lt "$AVG_N" ]; then
+[[ $DECODING =~ ^(paper|fairseq)$ ]] || die "DECODING must be paper or fairseq, got '$DECODING'"
+[ "$SAVE_INTERVAL_UPDATES" -gt 0 ] || die "SAVE_INTERVAL_UPDATES must be > 0: the average stage needs update checkpoints"
+if [ $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)) -lt "$AVG_N" ]; then
     die "AVG_N=$AVG_N checkpoints to average need MAX_UPDATE / SAVE_INTERVAL_UPDATES >= $AVG_N" \
         "($MAX_UPDATE / $SAVE_INTERVAL_UPDATES saves $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)))"
 fi

@@ -456,6 +456,8 @@ def test_multilingual_smoke(tmp_path):
         hyps = _hyps(work / "results_langvocab" / f"{d}.hyp")
         assert len(hyps) == 200 and not [h for h in hyps if ">>" in h], d
         assert _hyps(work / "results" / f"{d}.hyp") == plain[d]
+    # the shortlists reached the search: some translations changed (the always-lists leave out pieces)
+    assert any(_hyps(work / "results_langvocab" / f"{d}.hyp") != plain[d] for d in ML_ALL)
 
 
 def test_multilingual_pair_smoke(tmp_path):
@@ -476,9 +478,6 @@ def test_multilingual_pair_smoke(tmp_path):
     assert "trained with 300 updates" in r.stdout
 
 
-ML_DIRS = ["de-en", "en-de", "de-fr", "fr-de", "de-cs", "cs-de", "en-fr", "fr-en", "en-cs", "cs-en", "fr-cs", "cs-fr"]
-
-
 def _score_txt(rows: dict[str, tuple[float, bool, float]], updates: int, tokens: int) -> str:
     """A score.txt as stage_score writes it (score_table's rows, then trained_with's line)."""
     out = [f"{'direction':<10} {'BLEU':>6}  zero-shot  off-target %"]
@@ -490,9 +489,9 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     """MODE=table reads the fourteen runs' score.txt (here written by hand, MODEL_SIZE=small's
     folders) and prints BLEU per direction, the means, the budgets and each target's verdict."""
     root = tmp_path / "runs"
-    multi = {d: (30.0 + i, False, 1.0) for i, d in enumerate(ML_DIRS)}  # mean 35.5
+    multi = {d: (30.0 + i, False, 1.0) for i, d in enumerate(ML_ALL)}  # mean 35.5
     zs = {"de-fr", "fr-de", "de-cs", "cs-de", "fr-cs", "cs-fr"}
-    ec = {d: (18.0 if d in zs else 31.0, d in zs, 4.0 if d != "cs-fr" else 12.5) for d in ML_DIRS}
+    ec = {d: (18.0 if d in zs else 31.0, d in zs, 4.0 if d != "cs-fr" else 12.5) for d in ML_ALL}
     for name, rows, upd in [("all", multi, 8000), ("english_centric", ec, 8000)]:
         (root / f"multi30k_4way_{name}_small").mkdir(parents=True)
         (root / f"multi30k_4way_{name}_small" / "score.txt").write_text(_score_txt(rows, upd, 10 ** 7))
@@ -500,7 +499,7 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     r = _run(["bash", "recipes/multilingual.sh"], env)
     assert r.returncode == 2 and "MODE=table needs every run's score.txt (MODEL_SIZE=small); missing: de-en (" in r.stderr
     assert r.stderr.count(str(root)) == 12 and not r.stdout, r.stderr  # the twelve pairs, each named
-    for i, d in enumerate(ML_DIRS):  # bilingual: 35.0 each but de-en's 23.0: mean 34.0
+    for i, d in enumerate(ML_ALL):  # bilingual: 35.0 each but de-en's 23.0: mean 34.0
         w = root / f"multi30k_4way_pair_{d.replace('-', '_')}_small"
         w.mkdir()
         (w / "score.txt").write_text(_score_txt({d: (23.0 if d == "de-en" else 35.0, False, 0.5)}, 1600, 10 ** 6))
@@ -516,10 +515,11 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     assert "target: 12-direction mean 35.50 >= bilingual mean 34.00 with at most their updates (8000 <= 19200): met" in r.stdout
     assert "target: zero-shot off-target at most 5%: mean 5.4%, worst 12.5%: not met" in r.stdout
     # the lowest ratio: cs-fr, 18 / 41
-    assert "target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction: lowest 44%: not met" in r.stdout
+    assert "target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction: lowest 44% (cs-fr): " \
+           "not met" in r.stdout
     assert "LANG_VOCAB" not in r.stdout
     # with the English-centric model's LANG_VOCAB=1 translations: their zero-shot rows and verdicts too
-    lv = {d: (25.0 if d in zs else 31.0, d in zs, 1.5) for d in ML_DIRS}
+    lv = {d: (25.0 if d in zs else 31.0, d in zs, 1.5) for d in ML_ALL}
     (root / "multi30k_4way_english_centric_small" / "score_langvocab.txt").write_text(_score_txt(lv, 8000, 10 ** 7))
     r = _run(["bash", "recipes/multilingual.sh"], env)
     assert r.returncode == 0, r.stderr
@@ -528,7 +528,17 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     assert f"target: zero-shot off-target at most 5%{label}: mean 1.5%, worst 1.5%: met" in r.stdout
     # cs-fr: 25 / 41
     assert f"target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction{label}: lowest " \
-           "61%: met" in r.stdout
+           "61% (cs-fr): met" in r.stdout
+    # a BLEU of 0 (a smoke run's) is no division by zero; a score file without a direction's row is one line
+    multi["de-fr"] = (0.0, False, 1.0)
+    (root / "multi30k_4way_all_small" / "score.txt").write_text(_score_txt(multi, 8000, 10 ** 7))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 0 and r.stdout.splitlines()[3].split()[-2:] == ["n/a", "51%"], (r.stdout, r.stderr)
+    del multi["de-fr"]
+    (root / "multi30k_4way_all_small" / "score.txt").write_text(_score_txt(multi, 8000, 10 ** 7))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 2 and "multi30k_4way_all_small/score.txt: no row for de-fr; run its score stage again" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_multilingual_refuses_bad_settings(tmp_path):
@@ -541,6 +551,8 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"MODEL_SIZE": "big"}, "MODEL_SIZE must be quickstart or small, got 'big'"),
                        ({"LANG_VOCAB": "yes"}, "LANG_VOCAB must be 0 or 1, got 'yes'"),
                        ({"LANG_VOCAB_MIN_RATIO": "-1"}, "LANG_VOCAB_MIN_RATIO must be a number >= 0, got '-1'"),
+                       ({"DECODING": "faiseq"}, "DECODING must be paper or fairseq, got 'faiseq'"),
+                       ({"SAVE_INTERVAL_UPDATES": "0"}, "SAVE_INTERVAL_UPDATES must be > 0"),
                        ({"SAVE_INTERVAL_UPDATES": "200"}, "AVG_N=2 checkpoints to average need MAX_UPDATE / "
                                                           "SAVE_INTERVAL_UPDATES >= 2 (300 / 200 saves 1)"),
                        ({"VALIDATE_INTERVAL": "often"}, "VALIDATE_INTERVAL must be a non-negative integer, got 'often'"),

@@ -501,6 +501,7 @@ def test_a_language_vocabulary_holds_the_pieces_of_that_languages_targets(tmp_pa
                            (["--language", "fr", "--min-count", "0"], "--min-count must be >= 1, got 0"),
                            (["--language", "fr", "--min-ratio", "-1"], "--min-ratio must be >= 0, got -1.0"),
                            (["--language", "fr", "--min-ratio", "nan"], "--min-ratio must be >= 0, got nan"),
+                           (["--language", "fr", "--min-ratio", "inf"], "--min-ratio must be >= 0, got inf"),
                            (["--language", "fr", "--min-count", "9999"],
                             "no target piece of fr in 'train' passes --min-count 9999 and --min-ratio 0")]:
         r = run_cli("shortlist", data, *flags, "-o", tmp_path / "bad.txt")

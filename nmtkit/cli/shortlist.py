@@ -53,7 +53,7 @@ def shortlist_cmd(
 
     for flag, value, least in (("--best", best, 0), ("--frequent", frequent, 0), ("--iterations", iterations, 1),
                                ("--min-count", min_count, 1), ("--min-ratio", min_ratio, 0)):
-        if not value >= least:  # NaN too
+        if not least <= value < float("inf"):  # NaN and infinity too
             raise UserError(f"{flag} must be >= {least}, got {value}")
     name = _output_name(language)  # checks --language's code, with -o too
     out = output if output is not None else data_dir / name

@@ -45,10 +45,12 @@ for s in train val test_2016_flickr; do for l in de en fr cs; do
     [ -f "$DATA/$s.$l.gz" ] || { echo "missing $DATA/$s.$l.gz (set NMTKIT_DATA)" >&2; exit 2; }
 done; done
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+# the data directories depend on the data and the vocabulary size: one folder per pair of them
+BENCH_DIR=$BENCH_DIR/v${VOCAB_SIZE}_$(printf '%s' "$(cd "$DATA" && pwd)" | sha256sum | cut -c1-8)
 mkdir -p "$BENCH_DIR"
 KINDS=(bilingual tagged multilingual)
 
-prep() {  # prep NAME FLAGS...: a data directory, once (its manifest marks it done)
+prep() {  # prep NAME FLAGS...: a data directory, once per data and vocabulary size (its manifest marks it done)
     local dest=$BENCH_DIR/$1; shift
     [ -f "$dest/manifest.json" ] && return
     echo "[prep] $dest (log: $dest.prep.log)"
