@@ -122,7 +122,7 @@ BEAM=${BEAM:-4}
 LENPEN=${LENPEN:-0.6}
 # fairseq's rules (its length penalty, stopping once the beam has finished hypotheses): with the
 # paper's (DECODING=paper, the quickstart's), these models' outputs stop early, a word or two when
-# zero-shot (the English-centric small model's supervised en->X: 3-4 BLEU less, docs/multilingual.md,
+# zero-shot (the English-centric small model's supervised en->X: 3-5 BLEU less, docs/multilingual.md,
 # "The comparison, measured"),
 # and one word gives langid nothing to judge
 DECODING=${DECODING:-fairseq}
