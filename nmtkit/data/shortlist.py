@@ -451,12 +451,12 @@ def build(src_rows: Sequence[np.ndarray], tgt_rows: Sequence[np.ndarray], src_di
     return rules
 
 
-def piece_counts(rows: Sequence[np.ndarray], size: int) -> np.ndarray:
-    """(size,) int64: how often each id occurs in the sentences `rows`."""
+def piece_counts(rows: ShardedDataset, size: int) -> np.ndarray:
+    """(size,) int64: how often each id occurs in the sentences `rows`, a shard's memory-mapped
+    tokens at a time (as the multilingual dictionary's counts are taken)."""
     counts = np.zeros(size, dtype=np.int64)
-    for a in range(0, len(rows), 100_000):  # a bounded slice of sentences at a time
-        ids = [np.asarray(rows[i], dtype=np.int64).reshape(-1) for i in range(a, min(a + 100_000, len(rows)))]
-        counts += np.bincount(np.concatenate(ids), minlength=size)[:size]
+    for shard in rows.shards:
+        counts += np.bincount(np.asarray(shard.tokens, dtype=np.int64), minlength=size)[:size]
     return counts
 
 
