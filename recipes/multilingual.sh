@@ -65,7 +65,7 @@
 #   VOCAB_SIZE, SAMPLING_TEMPERATURE, MAX_UPDATE, MAX_TIME, LR, WARMUP, MAX_TOKENS, DROPOUT,
 #   VALIDATE_INTERVAL, SAVE_INTERVAL_UPDATES, AVG_N, BEAM, LENPEN, DECODING (paper|fairseq),
 #   DEVICE (auto|cpu|cuda), THREADS, WORKERS, LANG_VOCAB (0|1), LANG_VOCAB_MIN_COUNT,
-#   LANG_VOCAB_MIN_RATIO: see the settings block
+#   LANG_VOCAB_MIN_RATIO, NO_RESIDUAL_LAYER: see the settings block
 # The off-target column needs langid (the optional extra `langid`: pip install -e '.[langid]');
 # the recipe installs it into its environment, and leaves the column out, saying so, when it cannot.
 set -euo pipefail
@@ -87,7 +87,10 @@ case $MODEL_SIZE in
     *) echo "[multilingual] error: MODEL_SIZE must be quickstart or small, got '$MODEL_SIZE'" >&2; exit 2 ;;
 esac
 LANGS="de en fr cs"
-WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_4way_${MODE//-/_}${PAIR:+_${PAIR//-/_}}$SIZE_TAG$(s _smoke "")}
+# NO_RESIDUAL_LAYER=N: encoder layer N's self-attention without its residual (Liu et al., 2021),
+# against the zero-shot directions' off-target outputs; its runs get their own work directory
+NO_RESIDUAL_LAYER=${NO_RESIDUAL_LAYER:-}
+WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_4way_${MODE//-/_}${PAIR:+_${PAIR//-/_}}$SIZE_TAG${NO_RESIDUAL_LAYER:+_nores$NO_RESIDUAL_LAYER}$(s _smoke "")}
 SMOKE_TRAIN_LINES=2000              # --smoke: the first 2000 lines of every language
 TEST_LINES=$(s 200 1000)            # test_2016_flickr lines translated (1000: all of it)
 if [ "$MODE" = pair ]; then  # the quickstart's vocabulary and budget for one pair
@@ -108,6 +111,7 @@ else
     ARCH_FLAGS=(--arch transformer_base --encoder-layers 3 --decoder-layers 3 --d-model "$D_MODEL"
                 --d-ff "$D_FF" --heads 4 --share-embeddings all --dropout "${DROPOUT:-0.1}")
 fi
+if [ -n "$NO_RESIDUAL_LAYER" ]; then ARCH_FLAGS+=(--encoder-no-residual-layer "$NO_RESIDUAL_LAYER"); fi
 SAMPLING_TEMPERATURE=${SAMPLING_TEMPERATURE:-5}  # equal-sized pairs here: every T gives equal shares
 LR=${LR:-$(s 5e-3 1e-3)}
 WARMUP=${WARMUP:-$(s 50 400)}
@@ -403,6 +407,7 @@ stage_score() {
 for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
+[[ $NO_RESIDUAL_LAYER =~ ^([1-9][0-9]*)?$ ]] || die "NO_RESIDUAL_LAYER must be an encoder layer's number (1 = the first), got '$NO_RESIDUAL_LAYER'"
 [[ $DECODING =~ ^(paper|fairseq)$ ]] || die "DECODING must be paper or fairseq, got '$DECODING'"
 [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] || die "SAVE_INTERVAL_UPDATES must be > 0: the average stage needs update checkpoints"
 if [ $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)) -lt "$AVG_N" ]; then

@@ -560,6 +560,21 @@ def test_a_setting_the_conversion_does_not_know_is_refused(fmt, runtime):
         check_representable(Later(position_kind="rotary"))
 
 
+def test_the_layer_without_a_residual_exports_to_onnx_only():
+    """`--encoder-no-residual-layer`: ONNX builds the layer without its Add (tests/test_onnx.py checks
+    the search); CTranslate2's and MarianMT's layers always add the residual, so both refuse."""
+    import importlib
+
+    from nmtkit.models.registry import ArchConfig
+
+    cfg = ArchConfig(encoder_layers=3, encoder_no_residual_layer=2)
+    importlib.import_module("nmtkit.backends.onnx.convert").check_representable(cfg)
+    for fmt, runtime in (("ctranslate2", "CTranslate2"), ("huggingface", "Hugging Face")):
+        with pytest.raises(UserError, match=rf"^--encoder-no-residual-layer 2: the {runtime} export does not "
+                                            "represent this setting"):
+            importlib.import_module(f"nmtkit.backends.{fmt}.convert").check_representable(cfg)
+
+
 # ------------------------------------------------------------------------ refusals
 
 

@@ -54,6 +54,7 @@ VARIANTS = {
     "pre-norm": TINY.replace(normalize_before=True),
     "learned-pos": TINY.replace(learned_pos=True, share_embeddings="none"),
     "dk!=dv": TINY.replace(d_k=8, d_v=24, heads=2),
+    "no-residual": TINY.replace(encoder_no_residual_layer=1),
 }
 
 
@@ -229,8 +230,10 @@ def naive_forward(model: Transformer, src, tgt):
     ffn = lambda x, f: F.relu(x @ f.fc1.weight.T + f.fc1.bias) @ f.fc2.weight.T + f.fc2.bias  # noqa: E731
     pad = src.eq(0)
     x = model.src_embed.weight[src] * math.sqrt(d) + pe[: src.size(1)]
-    for layer in model.encoder_layers:
-        x = ln(x + naive_attention(layer.self_attn, x, x, key_pad=pad), layer.self_attn_norm)
+    for i, layer in enumerate(model.encoder_layers, start=1):
+        # Liu et al. (2021): the named layer's self-attention without its residual
+        kept = 0 if i == model.cfg.encoder_no_residual_layer else x
+        x = ln(kept + naive_attention(layer.self_attn, x, x, key_pad=pad), layer.self_attn_norm)
         x = ln(x + ffn(x, layer.ffn), layer.ffn_norm)
     y = model.tgt_embed.weight[tgt] * math.sqrt(d) + pe[: tgt.size(1)]
     for layer in model.decoder_layers:
@@ -240,11 +243,29 @@ def naive_forward(model: Transformer, src, tgt):
     return y @ model.tgt_embed.weight.T  # shared pre-softmax projection
 
 
-def test_model_forward_matches_naive_equations():
-    model = make()
+@pytest.mark.parametrize("no_residual", [None, 1, 2])
+def test_model_forward_matches_naive_equations(no_residual):
+    model = make(TINY.replace(encoder_no_residual_layer=no_residual))
     src, tgt, _ = batch(b=2, s=5, t=4)
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), naive_forward(model, src, tgt), atol=1e-4, rtol=0)
+
+
+def test_the_layer_without_a_residual_changes_the_outputs_of_the_same_weights():
+    """The same weights with and without `encoder_no_residual_layer`: different log-probabilities
+    (the setting is read, and a checkpoint must carry it)."""
+    plain, cut = make(), make(TINY.replace(encoder_no_residual_layer=2))
+    cut.load_state_dict(plain.state_dict())
+    src, tgt, _ = batch(b=2, s=5, t=4)
+    with torch.no_grad():
+        assert (plain(src, tgt) - cut(src, tgt)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("value", [0, -1, 3])
+def test_the_layer_without_a_residual_must_be_an_encoder_layer(value):
+    with pytest.raises(UserError, match=r"^--encoder-no-residual-layer must name one of the 2 encoder layers "
+                                        rf"\(1 to 2\), got {value}$"):
+        TINY.replace(encoder_no_residual_layer=value).validate()
 
 
 def test_sinusoid_table_matches_formula():

@@ -59,9 +59,13 @@ POST = dataclasses.replace(PRE, d_k=None, d_v=None, normalize_before=False, lear
 FAIRSEQ_GELU = dataclasses.replace(POST, attention_bias=True, sinusoid="fairseq", decoder_start="eos",
                                    activation="gelu")
 SWISH = dataclasses.replace(PRE, attention_bias=True, activation="swish")
+# the encoder layer without a residual around its self-attention (zero-shot multilingual models)
+NO_RES_POST = dataclasses.replace(POST, encoder_no_residual_layer=2)
+NO_RES_PRE = dataclasses.replace(PRE, encoder_no_residual_layer=1)
 
 
-@pytest.mark.parametrize("cfg", [POST, PRE, FAIRSEQ_GELU, SWISH], ids=["post", "pre", "fairseq-gelu", "swish"])
+@pytest.mark.parametrize("cfg", [POST, PRE, FAIRSEQ_GELU, SWISH, NO_RES_POST, NO_RES_PRE],
+                         ids=["post", "pre", "fairseq-gelu", "swish", "no-residual-post", "no-residual-pre"])
 def test_onnx_runtime_search_equals_native_search(cfg, tmp_path):
     """Post-norm with tied embeddings and sinusoids; pre-norm, learned positions, d_k != d_v; and
     the settings of imported models: attention biases (random here: they start at zero),

@@ -82,6 +82,9 @@ FIELD_HELP: dict[str, str] = {
     "projection) or 'none'",
     "max_source_positions": "longest source (in tokens, with </s>) the model accepts",
     "max_target_positions": "longest target (in tokens, with <s>) the model accepts",
+    "encoder_no_residual_layer": "encoder layer (1 = the first) whose self-attention sub-layer has no "
+    "residual connection, so that its outputs stop following the source's positions (Liu et al., 2021: "
+    "better zero-shot translation in multilingual models); unset: none",
     "activation": "feed-forward activation: relu (the paper), swish (SiLU) or gelu",
     "attention_bias": "biases on the attention projections (imported models: MarianMT, fairseq); paper: none",
     "sinusoid": "sinusoid table: 'paper' (sin/cos interleaved, positions from 0) or 'fairseq' (sin|cos "
@@ -113,6 +116,8 @@ class ArchConfig:
     share_embeddings: str = "all"
     max_source_positions: int = 1024
     max_target_positions: int = 1024
+    # for zero-shot directions of multilingual models (Liu et al., 2021); unset: every layer has both
+    encoder_no_residual_layer: int | None = None
     # imported models where they differ from the paper's (import-hf, import-fairseq set them)
     activation: str = "relu"
     attention_bias: bool = False
@@ -166,6 +171,10 @@ class ArchConfig:
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise UserError(f"{_flag(name)} must be a positive integer, got {v}")
+        n = self.encoder_no_residual_layer
+        if n is not None and not 1 <= n <= self.encoder_layers:
+            raise UserError(f"--encoder-no-residual-layer must name one of the {self.encoder_layers} encoder "
+                            f"layers (1 to {self.encoder_layers}), got {n}")
         self._check_limits()
         if (self.d_k is None or self.d_v is None) and self.d_model % self.heads != 0:
             raise UserError(

@@ -171,19 +171,27 @@ class _Sublayers(nn.Module):
     def _pre(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
         return norm(x) if self.normalize_before else x
 
-    def _post(self, residual: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+    def _post(self, residual: Tensor | None, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        """residual None: the sub-layer's output alone goes on (`encoder_no_residual_layer`)."""
         if self.training:  # skipped in eval: a no-op call per sub-layer and decoding step
             y = F.dropout(y, self.dropout, self.training)
-        x = residual + y
+        x = y if residual is None else residual + y
         return x if self.normalize_before else norm(x)
 
 
 class EncoderLayer(_Sublayers):
-    """[self-attention, feed-forward], each wrapped with residual + dropout + LayerNorm."""
+    """[self-attention, feed-forward], each wrapped with residual + dropout + LayerNorm.
 
-    def __init__(self, cfg: ArchConfig):
+    `residual=False` drops the self-attention's residual connection (Liu et al., 2021, "Improving
+    zero-shot translation by disentangling positional information"): the residual carries each
+    source token's own embedding and position up the stack, which ties the encoder's outputs to
+    the source language's word order; without it in one middle layer, each output is a mix over
+    the sentence, closer across languages, and zero-shot directions improve.
+    """
+
+    def __init__(self, cfg: ArchConfig, residual: bool = True):
         super().__init__()
-        self.normalize_before, self.dropout = cfg.normalize_before, cfg.dropout
+        self.normalize_before, self.dropout, self.residual = cfg.normalize_before, cfg.dropout, residual
         self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.head_dim_k, cfg.head_dim_v,
                                             cfg.attention_dropout, self_attention=True, bias=cfg.attention_bias)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model)
@@ -192,8 +200,8 @@ class EncoderLayer(_Sublayers):
 
     def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
         """x (B, S, D), attn_mask (B, 1, 1, S) True = real key -> (B, S, D)."""
-        x = self._post(x, self.self_attn(self._pre(x, self.self_attn_norm), attn_mask=attn_mask),
-                       self.self_attn_norm)
+        x = self._post(x if self.residual else None,
+                       self.self_attn(self._pre(x, self.self_attn_norm), attn_mask=attn_mask), self.self_attn_norm)
         return self._post(x, self.ffn(self._pre(x, self.ffn_norm)), self.ffn_norm)
 
 
@@ -364,7 +372,8 @@ class Transformer(nn.Module):
 
         self.src_pos = PositionalEncoding(cfg.max_source_positions, d, cfg.learned_pos, "source", cfg.sinusoid)
         self.tgt_pos = PositionalEncoding(cfg.max_target_positions, d, cfg.learned_pos, "target", cfg.sinusoid)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, residual=i + 1 != cfg.encoder_no_residual_layer)
+                                            for i in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalized: one final LayerNorm per stack.
         self.encoder_norm = nn.LayerNorm(d) if cfg.normalize_before else None

@@ -74,6 +74,8 @@ HANDLED_FIELDS = frozenset({
     # imported models: the FFN's activation, biases on the attention projections, the sinusoid
     # table (exported as it is), decoding started from </s>
     "activation", "attention_bias", "sinusoid", "decoder_start",
+    # the encoder layer without a residual around its self-attention
+    "encoder_no_residual_layer",
     # training-only: no effect on the exported weights or on inference
     "dropout", "attention_dropout", "activation_dropout", "label_smoothing", "warmup_steps",
 })
@@ -215,11 +217,14 @@ class _Graph:
             scores = self.op("Add", scores, bias)
         return self.op("MatMul", self.op("Softmax", scores, axis=-1), v, tag="attn")
 
-    def sublayer(self, x: str, ln, name: str, body) -> str:
-        """Residual around `body`, LayerNorm after the sum (post-norm) or before body (pre-norm)."""
+    def sublayer(self, x: str, ln, name: str, body, residual: bool = True) -> str:
+        """Residual around `body` (unless `residual` is False: `encoder_no_residual_layer`),
+        LayerNorm after the sum (post-norm) or before body (pre-norm)."""
         if self.cfg.normalize_before:
-            return self.op("Add", x, body(self.norm(x, ln, name)))
-        return self.norm(self.op("Add", x, body(x)), ln, name)
+            y = body(self.norm(x, ln, name))
+            return self.op("Add", x, y) if residual else y
+        y = body(x)
+        return self.norm(self.op("Add", x, y) if residual else y, ln, name)
 
     def activation(self, x: str) -> str:
         """The FFN's activation (`ArchConfig.activation`): ReLU; SiLU = x sigmoid(x); exact GELU =
@@ -278,7 +283,8 @@ def build_encoder(w: dict, cfg, pad: int):
             o = g.op("Reshape", g.op("Transpose", g.attend(q, k, v, bias), perm=[0, 2, 1, 3]),
                      g.ints(0, 0, g.h * g.dv))
             return g.linear(o, lw["out"], f"enc.{i}.out")
-        x = g.sublayer(x, lw["ln_self"], f"enc.{i}.ln_self", self_attn)
+        x = g.sublayer(x, lw["ln_self"], f"enc.{i}.ln_self", self_attn,
+                       residual=i + 1 != cfg.encoder_no_residual_layer)
         x = g.sublayer(x, lw["ln_ffn"], f"enc.{i}.ln_ffn", lambda y, lw=lw, i=i: g.ffn(y, lw, f"enc.{i}"))
     if w["enc_norm"] is not None:
         x = g.norm(x, w["enc_norm"], "enc.norm")
