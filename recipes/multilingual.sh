@@ -90,6 +90,11 @@ LANGS="de en fr cs"
 # NO_RESIDUAL_LAYER=N: encoder layer N's self-attention without its residual (Liu et al., 2021),
 # against the zero-shot directions' off-target outputs; its runs get their own work directory
 NO_RESIDUAL_LAYER=${NO_RESIDUAL_LAYER:-}
+if ! [[ $NO_RESIDUAL_LAYER =~ ^([1-9][0-9]*)?$ ]]; then
+    echo "[multilingual] error: NO_RESIDUAL_LAYER must be an encoder layer's number (1 = the first)," \
+        "got '$NO_RESIDUAL_LAYER'" >&2
+    exit 2
+fi
 WORK=${NMTKIT_WORK:-$ROOT/runs/multi30k_4way_${MODE//-/_}${PAIR:+_${PAIR//-/_}}$SIZE_TAG${NO_RESIDUAL_LAYER:+_nores$NO_RESIDUAL_LAYER}$(s _smoke "")}
 SMOKE_TRAIN_LINES=2000              # --smoke: the first 2000 lines of every language
 TEST_LINES=$(s 200 1000)            # test_2016_flickr lines translated (1000: all of it)
@@ -169,11 +174,13 @@ case $MODE in
 esac
 [ "$MODE" = pair ] || [ -z "$PAIR" ] || die "PAIR=$PAIR needs MODE=pair (MODE is $MODE)"
 if [ "$MODE" = table ]; then  # the comparison from the runs' score files; no stage runs
-    python3 - "${RUNS_ROOT:-$ROOT/runs}" "$SIZE_TAG$(s _smoke "")" "$MODEL_SIZE" <<'EOF'
+    python3 - "${RUNS_ROOT:-$ROOT/runs}" "$SIZE_TAG$(s _smoke "")" "$MODEL_SIZE" "$NO_RESIDUAL_LAYER" <<'EOF'
 import re, sys
-root, tag, size = sys.argv[1], sys.argv[2], sys.argv[3]
+root, tag, size, nores = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 dirs = ["de-en", "en-de", "de-fr", "fr-de", "de-cs", "cs-de", "en-fr", "fr-en", "en-cs", "cs-en", "fr-cs", "cs-fr"]
-runs = {"all": f"{root}/multi30k_4way_all{tag}", "english-centric": f"{root}/multi30k_4way_english_centric{tag}",
+# NO_RESIDUAL_LAYER=N: the English-centric model trained with it, beside the plain 12-direction and bilingual ones
+ec_tag = f"{tag}_nores{nores}" if nores else tag
+runs = {"all": f"{root}/multi30k_4way_all{tag}", "english-centric": f"{root}/multi30k_4way_english_centric{ec_tag}",
         **{d: f"{root}/multi30k_4way_pair_{d.replace('-', '_')}{tag}" for d in dirs}}
 
 def read(path, want):  # a score.txt: {direction: (BLEU, zero-shot, off-target %)}, updates, target tokens
@@ -205,6 +212,8 @@ if missing:
           + ", ".join(missing), file=sys.stderr)
     sys.exit(2)
 multi, ec = scores["all"][0], scores["english-centric"][0]
+if nores:
+    print(f"English-centric: encoder layer {nores}'s self-attention without its residual (NO_RESIDUAL_LAYER={nores})")
 bi = {d: scores[d][0][d] for d in dirs}
 # zero-shot and off-target: the English-centric model's; ZS/12-dir and ZS/bi: its zero-shot BLEU
 # as a share of the 12-direction model's and of the bilingual model's on the same direction
@@ -407,7 +416,6 @@ stage_score() {
 for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
-[[ $NO_RESIDUAL_LAYER =~ ^([1-9][0-9]*)?$ ]] || die "NO_RESIDUAL_LAYER must be an encoder layer's number (1 = the first), got '$NO_RESIDUAL_LAYER'"
 [[ $DECODING =~ ^(paper|fairseq)$ ]] || die "DECODING must be paper or fairseq, got '$DECODING'"
 [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] || die "SAVE_INTERVAL_UPDATES must be > 0: the average stage needs update checkpoints"
 if [ $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)) -lt "$AVG_N" ]; then

@@ -539,6 +539,23 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     r = _run(["bash", "recipes/multilingual.sh"], env)
     assert r.returncode == 2 and "multi30k_4way_all_small/score.txt: no row for de-fr; run its score stage again" in r.stderr
     assert "Traceback" not in r.stderr
+    # NO_RESIDUAL_LAYER=2: the English-centric run trained with it, in its own folder, against the same others
+    multi["de-fr"] = (32.0, False, 1.0)
+    (root / "multi30k_4way_all_small" / "score.txt").write_text(_score_txt(multi, 8000, 10 ** 7))
+    env["NO_RESIDUAL_LAYER"] = "2"
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 2 and "multi30k_4way_english_centric_small_nores2/score.txt)" in r.stderr, r.stderr
+    (root / "multi30k_4way_english_centric_small_nores2").mkdir()
+    nores = {d: (28.0 if d in zs else 30.0, d in zs, 2.0) for d in ML_ALL}
+    (root / "multi30k_4way_english_centric_small_nores2" / "score.txt").write_text(_score_txt(nores, 8000, 10 ** 7))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "English-centric: encoder layer 2's self-attention without its residual (NO_RESIDUAL_LAYER=2)"
+    assert lines[4].split() == ["de-fr", "32.00", "35.00", "28.00", "yes", "2.0", "88%", "80%"]
+    assert "LANG_VOCAB" not in r.stdout  # (the plain run's score_langvocab.txt is not this run's)
+    # the lowest ratio: cs-fr, 28 / 41
+    assert "on the same direction: lowest 68% (cs-fr): met" in r.stdout
 
 
 def test_multilingual_refuses_bad_settings(tmp_path):
@@ -552,6 +569,10 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"LANG_VOCAB": "yes"}, "LANG_VOCAB must be 0 or 1, got 'yes'"),
                        ({"LANG_VOCAB_MIN_RATIO": "-1"}, "LANG_VOCAB_MIN_RATIO must be a number >= 0, got '-1'"),
                        ({"DECODING": "faiseq"}, "DECODING must be paper or fairseq, got 'faiseq'"),
+                       ({"NO_RESIDUAL_LAYER": "0"}, "NO_RESIDUAL_LAYER must be an encoder layer's number (1 = the "
+                                                    "first), got '0'"),
+                       ({"NO_RESIDUAL_LAYER": "2/../x", "MODE": "table"}, "NO_RESIDUAL_LAYER must be an encoder "
+                                                                          "layer's number"),
                        ({"SAVE_INTERVAL_UPDATES": "0"}, "SAVE_INTERVAL_UPDATES must be > 0"),
                        ({"SAVE_INTERVAL_UPDATES": "200"}, "AVG_N=2 checkpoints to average need MAX_UPDATE / "
                                                           "SAVE_INTERVAL_UPDATES >= 2 (300 / 200 saves 1)"),
