@@ -4,6 +4,7 @@
 #
 #   bash recipes/multilingual.sh [--smoke]    # or: SMOKE=1 bash recipes/multilingual.sh
 #   MODE=english-centric bash recipes/multilingual.sh
+#   MODE=english-centric-bt bash recipes/multilingual.sh  # then: zero-shot directions back-translated
 #   MODE=pair PAIR=de-en bash recipes/multilingual.sh   # one direction's bilingual baseline
 #   MODEL_SIZE=small bash recipes/multilingual.sh       # any mode with a model half as wide
 #
@@ -12,6 +13,11 @@
 #   english-centric  de-en, en-de, fr-en, en-fr, cs-en, en-cs are trained; the 6 directions
 #                    without English (de<->fr, de<->cs, fr<->cs) are translated all the same and
 #                    scored as zero-shot
+#   english-centric-bt  after english-centric (same MODEL_SIZE; its run in EC_WORK): that model
+#                    translates the English training text into de, fr and cs (stage backtranslate),
+#                    and a new model trains on the English-centric pairs plus the 6 directions
+#                    without English, each from those synthetic sources to real targets; no real
+#                    de-fr, de-cs or fr-cs pair is used, and the 6 are scored as zero-shot
 #   pair             one direction (PAIR=SRC-TGT, two of de en fr cs): the bilingual baseline of
 #                    the same model and pipeline, the quickstart's 8000 pieces and 1600 updates
 #                    (the twelve baselines together: 19,200 updates, beside all's 8000)
@@ -54,7 +60,9 @@
 #               fairseq's decoding (DECODING). It checks the pipeline, not the model: BLEU stays
 #               near 1 (docs/multilingual.md, "The recipe").
 # Environment (every setting below can be overridden, e.g. MAX_UPDATE=16000 for a longer run):
-#   MODE          all (default), english-centric or pair (with PAIR=SRC-TGT)
+#   MODE          all (default), english-centric, english-centric-bt or pair (with PAIR=SRC-TGT)
+#   EC_WORK       MODE=english-centric-bt: the English-centric run's work directory (default: its
+#                 default, runs/multi30k_4way_english_centric with MODEL_SIZE's and --smoke's suffixes)
 #   MODEL_SIZE    quickstart (default) or small
 #   NMTKIT_DATA   folder holding {train,val,test_2016_flickr}.{de,en,fr,cs}.gz
 #   NMTKIT_CACHE  where downloads go (default: ${XDG_CACHE_HOME:-~/.cache}/nmtkit/multi30k)
@@ -161,16 +169,19 @@ RESULTS=$WORK/results$([ "$LANG_VOCAB" != 1 ] || echo _langvocab)
 SCORE_FILE=$WORK/score$([ "$LANG_VOCAB" != 1 ] || echo _langvocab).txt
 STAMP_DIR=$WORK/stamps
 STAGES=(data preprocess train average generate score)
+if [ "$MODE" = english-centric-bt ]; then STAGES=(data backtranslate preprocess train average generate score); fi
 
 case $MODE in
     all) TRAINED="de-en en-de de-fr fr-de de-cs cs-de en-fr fr-en en-cs cs-en fr-cs cs-fr"; ZERO_SHOT="" ;;
     english-centric) TRAINED="de-en en-de fr-en en-fr cs-en en-cs"; ZERO_SHOT="de-fr fr-de de-cs cs-de fr-cs cs-fr" ;;
+    english-centric-bt)  # English-centric data, and the 6 others from the English-centric model
+        TRAINED="de-en en-de fr-en en-fr cs-en en-cs"; ZERO_SHOT="de-fr fr-de de-cs cs-de fr-cs cs-fr" ;;
     pair)
         [[ $PAIR =~ ^(de|en|fr|cs)-(de|en|fr|cs)$ && ${PAIR%-*} != "${PAIR#*-}" ]] ||
             die "MODE=pair needs PAIR=SRC-TGT, two different languages of de en fr cs, got '$PAIR'"
         TRAINED=$PAIR ZERO_SHOT="" LANGS="${PAIR%-*} ${PAIR#*-}" ;;
     table) TRAINED="" ZERO_SHOT="" ;;
-    *) die "MODE must be all, english-centric, pair or table, got '$MODE'" ;;
+    *) die "MODE must be all, english-centric, english-centric-bt, pair or table, got '$MODE'" ;;
 esac
 [ "$MODE" = pair ] || [ -z "$PAIR" ] || die "PAIR=$PAIR needs MODE=pair (MODE is $MODE)"
 if [ "$MODE" = table ]; then  # the comparison from the runs' score files; no stage runs
@@ -236,15 +247,24 @@ verdict = lambda ok: "met" if ok else "not met"  # noqa: E731
 print(f"target: 12-direction mean {m_mean:.2f} >= bilingual mean {b_mean:.2f} with at most their updates "
       f"({scores['all'][1]} <= {pair_updates}): {verdict(m_mean >= b_mean and scores['all'][1] <= pair_updates)}")
 variants = [("", ec)]
-try:  # LANG_VOCAB=1's translations of the English-centric model, when made
-    lv = read(f"{runs['english-centric']}/score_langvocab.txt", dirs)[0]
-    variants.append((" (with each target language's vocabulary, LANG_VOCAB=1)", lv))
-    print(f"English-centric with each target language's vocabulary (LANG_VOCAB=1), zero-shot directions:")
+# LANG_VOCAB=1's translations of the English-centric model, and the model trained with its
+# back-translations (MODE=english-centric-bt), when made
+for path, title, label in [
+        (f"{runs['english-centric']}/score_langvocab.txt",
+         "English-centric with each target language's vocabulary (LANG_VOCAB=1)",
+         " (with each target language's vocabulary, LANG_VOCAB=1)"),
+        (f"{root}/multi30k_4way_english_centric_bt{tag}/score.txt",
+         "English-centric data and back-translated sources (MODE=english-centric-bt)",
+         " (back-translated sources, MODE=english-centric-bt)")]:
+    try:
+        v = read(path, dirs)[0]
+    except OSError:
+        continue
+    variants.append((label, v))
+    print(f"{title}, zero-shot directions:")
     for d in zs:
-        print(f"{d:<10} BLEU {lv[d][0]:6.2f}  off-target {lv[d][2] if lv[d][2] is not None else float('nan'):5.1f} %"
-              f"  ZS/12-dir {share(lv[d][0], multi[d][0]):>4}  ZS/bi {share(lv[d][0], bi[d][0]):>4}")
-except OSError:
-    pass
+        print(f"{d:<10} BLEU {v[d][0]:6.2f}  off-target {v[d][2] if v[d][2] is not None else float('nan'):5.1f} %"
+              f"  ZS/12-dir {share(v[d][0], multi[d][0]):>4}  ZS/bi {share(v[d][0], bi[d][0]):>4}")
 for label, v in variants if zs else []:
     if all(v[d][2] is not None for d in zs):
         off = mean([v[d][2] for d in zs])
@@ -257,6 +277,16 @@ EOF
     exit
 fi
 EVALUATED="$TRAINED $ZERO_SHOT"
+PAIRS=$TRAINED  # the pairs of the data directory: with MODE=english-centric-bt the zero-shot ones too
+if [ "$MODE" = english-centric-bt ]; then
+    PAIRS="$TRAINED $ZERO_SHOT"
+    # the English-centric run of the same size, whose averaged model writes the synthetic sources
+    EC_WORK=${EC_WORK:-$ROOT/runs/multi30k_4way_english_centric$SIZE_TAG$(s _smoke "")}
+    EC_CKPT=$EC_WORK/checkpoints/average_last$AVG_N.pt
+    [ -f "$EC_CKPT" ] && [ -f "$EC_WORK/data/manifest.json" ] ||
+        die "MODE=english-centric-bt translates with the English-centric model: $EC_CKPT and" \
+            "$EC_WORK/data are missing (run MODE=english-centric with the same MODEL_SIZE first, or set EC_WORK)"
+fi
 
 stage_data() {
     local f
@@ -286,8 +316,32 @@ EOF
     for f in $LANGS; do STAGE_OUTPUTS+=("$WORK/raw/test.$f.gz"); done
 }
 
+stage_backtranslate() {  # MODE=english-centric-bt: raw/train.SRC-TGT.{SRC,TGT}.gz of the 6 zero-shot directions
+    # Back-translation through English (Sennrich et al. 2016; the zero-shot directions as in Gu et
+    # al. 2019): the English-centric model translates the English training text into each source
+    # language; each zero-shot direction SRC-TGT pairs that synthetic SRC with the real TGT of the
+    # same lines (Multi30k's languages are line-parallel: TGT's pair with English shares its English).
+    local gen=() src dir
+    if [ "$DEVICE" != cuda ]; then gen+=(--threads "$THREADS"); fi
+    for src in $(for dir in $ZERO_SHOT; do echo "${dir%-*}"; done | sort -u); do
+        gzip -dc "$WORK/raw/train.en.gz" > "$WORK/raw/.bt.en"
+        nmtkit generate "$EC_WORK/data" --path "$EC_CKPT" --input "$WORK/raw/.bt.en" --target-lang "$src" \
+            --beam "$BEAM" --lenpen "$LENPEN" --decoding "$DECODING" --max-len-a "$MAX_LEN_A" \
+            --max-len-b "$MAX_LEN_B" --device "$DEVICE" --output "$WORK/raw/.bt.$src" "${gen[@]}"
+        for dir in $ZERO_SHOT; do
+            [ "${dir%-*}" = "$src" ] || continue
+            gzip -c "$WORK/raw/.bt.$src" > "$WORK/raw/.train.$dir.$src.gz"
+            mv -f "$WORK/raw/.train.$dir.$src.gz" "$WORK/raw/train.$dir.$src.gz"
+            cp -f "$WORK/raw/train.${dir#*-}.gz" "$WORK/raw/.train.$dir.${dir#*-}.gz"
+            mv -f "$WORK/raw/.train.$dir.${dir#*-}.gz" "$WORK/raw/train.$dir.${dir#*-}.gz"
+            STAGE_OUTPUTS+=("$WORK/raw/train.$dir.$src.gz" "$WORK/raw/train.$dir.${dir#*-}.gz")
+        done
+        rm -f "$WORK/raw/.bt.en" "$WORK/raw/.bt.$src"
+    done
+}
+
 stage_preprocess() {
-    nmtkit preprocess --pairs "$(echo "$TRAINED" | tr ' ' ,)" \
+    nmtkit preprocess --pairs "$(echo "$PAIRS" | tr ' ' ,)" \
         --trainpref "$WORK/raw/train" --validpref "$WORK/raw/val" --testpref "$WORK/raw/test_2016_flickr" \
         --destdir "$DATA_BIN" --vocab-size "$VOCAB_SIZE" --workers "$WORKERS" --force
     STAGE_OUTPUTS+=("$DATA_BIN/manifest.json")
@@ -428,10 +482,15 @@ ACTIVATED=$NMTKIT_ENV_ACTIVATED
 if ! python -c 'import langid' 2>/dev/null; then  # the off-target column's language identifier
     nmtkit_env langid || say "could not install the extra langid: the off-target column will be left out"
 fi
-say "work dir $WORK$(s ' (--smoke)' ''); MODE=$MODE: trains $TRAINED${ZERO_SHOT:+; zero-shot $ZERO_SHOT}"
+say "work dir $WORK$(s ' (--smoke)' ''); MODE=$MODE: trains $TRAINED${ZERO_SHOT:+; zero-shot $ZERO_SHOT}$(
+    [ "$MODE" != english-centric-bt ] || echo " (trained on sources back-translated by $EC_CKPT)")"
 
 K_DATA=$(key data "${NMTKIT_DATA:-download}" "$MULTI30K_URL" "$SMOKE" "$SMOKE_TRAIN_LINES" "$TEST_LINES" "$LANGS")
-K_PREPROCESS=$(key preprocess "$K_DATA" "$TRAINED" "$VOCAB_SIZE")
+K_BACKTRANSLATE=$K_DATA
+if [ "$MODE" = english-centric-bt ]; then
+    K_BACKTRANSLATE=$(key backtranslate "$K_DATA" "$(sha256sum < "$EC_CKPT")" "$BEAM" "$LENPEN" "$DECODING")
+fi
+K_PREPROCESS=$(key preprocess "$K_BACKTRANSLATE" "$PAIRS" "$VOCAB_SIZE")
 K_TRAIN=$(key train "$K_PREPROCESS" "${ARCH_FLAGS[@]}" "$SAMPLING_TEMPERATURE" "$LR" "$WARMUP" "$MAX_TOKENS" \
     "$MAX_UPDATE" "$MAX_TIME" "$VALIDATE_INTERVAL" "$SAVE_INTERVAL_UPDATES" "$SEED")
 K_AVERAGE=$(key average "$K_TRAIN" "$AVG_N")
@@ -440,6 +499,7 @@ HAVE_LANGID=$(python -c 'import langid' 2>/dev/null && echo yes || echo no)
 K_SCORE=$(key score "$K_GENERATE" "$HAVE_LANGID")  # langid installed later: the column is added
 
 run_stage data "$K_DATA" stage_data
+if [ "$MODE" = english-centric-bt ]; then run_stage backtranslate "$K_BACKTRANSLATE" stage_backtranslate; fi
 run_stage preprocess "$K_PREPROCESS" stage_preprocess
 run_stage train "$K_TRAIN" stage_train
 run_stage average "$K_AVERAGE" stage_average

@@ -459,6 +459,31 @@ def test_multilingual_smoke(tmp_path):
     # the shortlists reached the search: some translations changed (the always-lists leave out pieces)
     assert any(_hyps(work / "results_langvocab" / f"{d}.hyp") != plain[d] for d in ML_ALL)
 
+    # MODE=english-centric-bt: a model (this 12-direction one stands in for the English-centric
+    # one: EC_WORK) translates the English training text into de, fr, cs; the 6 directions without
+    # English train from those synthetic sources to the real targets of the same lines
+    bt = tmp_path / "bt"
+    r5 = _run(["bash", "recipes/multilingual.sh", "--smoke"],
+              {**_env(bt, NMTKIT_DATA=str(data)), "MODE": "english-centric-bt", "EC_WORK": str(work), "MAX_UPDATE": "20"})
+    assert r5.returncode == 0, r5.stderr[-3000:]
+    assert f"(trained on sources back-translated by {work}/checkpoints/average_last2.pt)" in r5.stderr
+    assert [(row[0], row[2]) for row in ML_ROW.findall(r5.stdout)] == [
+        (d, "no") for d in ("de-en", "en-de", "fr-en", "en-fr", "cs-en", "en-cs")] + [
+        (d, "yes") for d in ("de-fr", "fr-de", "de-cs", "cs-de", "fr-cs", "cs-fr")], r5.stdout
+    manifest = json.loads((bt / "data" / "manifest.json").read_text())
+    assert sorted(manifest["multilingual"]["pairs"]) == sorted(ML_ALL)
+    real = {lang: _gz_lines(bt / "raw" / f"train.{lang}.gz") for lang in ("de", "en", "fr", "cs")}
+    for d in ("de-fr", "fr-de", "de-cs", "cs-de", "fr-cs", "cs-fr"):
+        src, tgt = d.split("-")
+        synthetic = _gz_lines(bt / "raw" / f"train.{d}.{src}.gz")
+        assert _gz_lines(bt / "raw" / f"train.{d}.{tgt}.gz") == real[tgt] and len(synthetic) == 2000
+        assert synthetic != real[src] and not [h for h in synthetic if ">>" in h], d
+
+
+def _gz_lines(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return fh.read().splitlines()
+
 
 def test_multilingual_pair_smoke(tmp_path):
     """MODE=pair: one direction's bilingual baseline through the same pipeline (here fr-de, no
@@ -529,6 +554,19 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     # cs-fr: 25 / 41
     assert f"target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction{label}: lowest " \
            "61% (cs-fr): met" in r.stdout
+    # the model trained with the English-centric model's back-translations: its zero-shot rows and verdicts
+    bt = {d: (27.0 if d in zs else 31.0, d in zs, 0.5) for d in ML_ALL}
+    (root / "multi30k_4way_english_centric_bt_small").mkdir()
+    (root / "multi30k_4way_english_centric_bt_small" / "score.txt").write_text(_score_txt(bt, 8000, 10 ** 7))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 0, r.stderr
+    assert "English-centric data and back-translated sources (MODE=english-centric-bt), zero-shot directions:\n" \
+           "de-fr      BLEU  27.00  off-target   0.5 %  ZS/12-dir  84%  ZS/bi  77%" in r.stdout
+    label = " (back-translated sources, MODE=english-centric-bt)"
+    assert f"target: zero-shot off-target at most 5%{label}: mean 0.5%, worst 0.5%: met" in r.stdout
+    assert f"target: zero-shot BLEU at least 60% of the 12-direction model's on the same direction{label}: lowest " \
+           "66% (cs-fr): met" in r.stdout
+    (root / "multi30k_4way_english_centric_bt_small" / "score.txt").unlink()
     # a BLEU of 0 (a smoke run's) is no division by zero; a score file without a direction's row is one line
     multi["de-fr"] = (0.0, False, 1.0)
     (root / "multi30k_4way_all_small" / "score.txt").write_text(_score_txt(multi, 8000, 10 ** 7))
@@ -560,7 +598,8 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
 
 def test_multilingual_refuses_bad_settings(tmp_path):
     env = _env(tmp_path / "w", SMOKE="1")
-    for extra, msg in [({"MODE": "pivot"}, "MODE must be all, english-centric, pair or table, got 'pivot'"),
+    for extra, msg in [({"MODE": "pivot"}, "MODE must be all, english-centric, english-centric-bt, pair or table, "
+                                           "got 'pivot'"),
                        ({"MODE": "pair"}, "MODE=pair needs PAIR=SRC-TGT, two different languages of de en fr cs, got ''"),
                        ({"MODE": "pair", "PAIR": "de-de"}, "two different languages of de en fr cs, got 'de-de'"),
                        ({"MODE": "pair", "PAIR": "de-en/../x"}, "two different languages of de en fr cs, got 'de-en/../x'"),
@@ -569,6 +608,10 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"LANG_VOCAB": "yes"}, "LANG_VOCAB must be 0 or 1, got 'yes'"),
                        ({"LANG_VOCAB_MIN_RATIO": "-1"}, "LANG_VOCAB_MIN_RATIO must be a number >= 0, got '-1'"),
                        ({"DECODING": "faiseq"}, "DECODING must be paper or fairseq, got 'faiseq'"),
+                       ({"MODE": "english-centric-bt", "EC_WORK": str(tmp_path / "none")},
+                        f"MODE=english-centric-bt translates with the English-centric model: {tmp_path}/none/checkpoints/"
+                        f"average_last2.pt and {tmp_path}/none/data are missing (run MODE=english-centric with the same "
+                        "MODEL_SIZE first, or set EC_WORK)"),
                        ({"NO_RESIDUAL_LAYER": "0"}, "NO_RESIDUAL_LAYER must be an encoder layer's number (1 = the "
                                                     "first), got '0'"),
                        ({"NO_RESIDUAL_LAYER": "2/../x", "MODE": "table"}, "NO_RESIDUAL_LAYER must be an encoder "
