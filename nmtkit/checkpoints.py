@@ -360,7 +360,7 @@ def set_rng_state(state: dict) -> None:
 
 # Architecture fields added after checkpoints were first written: the value that a checkpoint
 # written before the field existed was trained with (what `ArchConfig.from_dict` gives it).
-ABSENT_ARCH_FIELDS = {"scale_embedding": True}
+ABSENT_ARCH_FIELDS = {"scale_embedding": True, "encoder_no_residual_layer": None}
 
 
 def config_differences(a: dict, b: dict) -> list[str]:

@@ -25,7 +25,9 @@
 #                    above (all, english-centric, the twelve pairs; in RUNS_ROOT, default runs/ of the
 #                    checkout, a relative one taken from the checkout too,
 #                    of the same MODEL_SIZE): BLEU per direction, the means, the updates and
-#                    target tokens each was trained with, and the targets met or not
+#                    target tokens each was trained with, and the targets met or not; then the
+#                    zero-shot rows of the English-centric run's LANG_VOCAB=1 translations and of
+#                    english-centric-bt's run, where made (NO_RESIDUAL_LAYER=N: the runs with it)
 # Model sizes (MODEL_SIZE), the same for every mode:
 #   quickstart       (default) the quickstart's model: d_model 256, 3+3 layers, 4 heads, d_ff 1024
 #   small            d_model 128 and d_ff 512 (3+3 layers, 4 heads), and half the pieces (4000 for
@@ -35,6 +37,10 @@
 # Stages (each skipped when its verified output exists, so a re-run continues where it stopped):
 #   data        Multi30k task 1 raw text in the four languages: $NMTKIT_DATA if set, else
 #               downloaded into a cache
+#   backtranslate  (MODE=english-centric-bt only) the English training text translated into de,
+#               fr and cs by EC_WORK's average of EC_AVG_N checkpoints (BT_BEAM, BT_LENPEN,
+#               BT_DECODING; 29,000 sentences in about 2 minutes per language on one thread at
+#               MODEL_SIZE=small): raw/train.SRC-TGT.{SRC,TGT}.gz of the 6 directions without English
 #   preprocess  one multilingual data directory for the trained pairs (nmtkit preprocess
 #               --pairs): a joint sentencepiece model (VOCAB_SIZE pieces) and dictionary
 #   train       the quickstart's model (d_model 256, 3+3 layers, 4 heads, d_ff 1024, shared
@@ -62,18 +68,20 @@
 # Environment (every setting below can be overridden, e.g. MAX_UPDATE=16000 for a longer run):
 #   MODE          all (default), english-centric, english-centric-bt or pair (with PAIR=SRC-TGT)
 #   EC_WORK       MODE=english-centric-bt: the English-centric run's work directory (default: its
-#                 default, runs/multi30k_4way_english_centric with MODEL_SIZE's and --smoke's suffixes)
+#                 default, runs/multi30k_4way_english_centric with the suffixes of NMTKIT_WORK)
 #   MODEL_SIZE    quickstart (default) or small
 #   NMTKIT_DATA   folder holding {train,val,test_2016_flickr}.{de,en,fr,cs}.gz
 #   NMTKIT_CACHE  where downloads go (default: ${XDG_CACHE_HOME:-~/.cache}/nmtkit/multi30k)
 #   NMTKIT_MULTI30K_URL  download location (default: the GitHub multi30k/dataset task1/raw folder)
-#   NMTKIT_WORK   work directory (default: ./runs/multi30k_4way_all, ..._english_centric or
-#                 ..._pair_de_en, with _smoke added for --smoke)
+#   NMTKIT_WORK   work directory (default: ./runs/multi30k_4way_all, ..._english_centric,
+#                 ..._english_centric_bt or ..._pair_de_en, then _small for MODEL_SIZE=small, _noresN
+#                 for NO_RESIDUAL_LAYER=N and _smoke for --smoke)
 #   STAGE=name    start from this stage (it and every later stage run); LAST_STAGE=name stops after it
 #   VOCAB_SIZE, SAMPLING_TEMPERATURE, MAX_UPDATE, MAX_TIME, LR, WARMUP, MAX_TOKENS, DROPOUT,
 #   VALIDATE_INTERVAL, SAVE_INTERVAL_UPDATES, AVG_N, BEAM, LENPEN, DECODING (paper|fairseq),
 #   DEVICE (auto|cpu|cuda), THREADS, WORKERS, LANG_VOCAB (0|1), LANG_VOCAB_MIN_COUNT,
-#   LANG_VOCAB_MIN_RATIO, NO_RESIDUAL_LAYER: see the settings block
+#   LANG_VOCAB_MIN_RATIO, NO_RESIDUAL_LAYER, EC_AVG_N, BT_BEAM, BT_LENPEN, BT_DECODING: see the
+#   settings block
 # The off-target column needs langid (the optional extra `langid`: pip install -e '.[langid]');
 # the recipe installs it into its environment, and leaves the column out, saying so, when it cannot.
 set -euo pipefail
@@ -150,6 +158,13 @@ DECODING=${DECODING:-fairseq}
 LANG_VOCAB=${LANG_VOCAB:-0}
 LANG_VOCAB_MIN_COUNT=${LANG_VOCAB_MIN_COUNT:-1}
 LANG_VOCAB_MIN_RATIO=${LANG_VOCAB_MIN_RATIO:-0.2}
+# MODE=english-centric-bt: the English-centric model's average of EC_AVG_N checkpoints translates
+# with its own settings (the test sets' BEAM, LENPEN and DECODING can change without translating
+# the training text again)
+EC_AVG_N=${EC_AVG_N:-$(s 2 5)}
+BT_BEAM=${BT_BEAM:-4}
+BT_LENPEN=${BT_LENPEN:-0.6}
+BT_DECODING=${BT_DECODING:-fairseq}
 MAX_LEN_A=1 MAX_LEN_B=50               # output limit: input length + 50 (the paper's)
 DEVICE=${DEVICE:-$(s cpu auto)}
 THREADS=${THREADS:-$(s 1 "$(nproc)")}
@@ -253,7 +268,7 @@ for path, title, label in [
         (f"{runs['english-centric']}/score_langvocab.txt",
          "English-centric with each target language's vocabulary (LANG_VOCAB=1)",
          " (with each target language's vocabulary, LANG_VOCAB=1)"),
-        (f"{root}/multi30k_4way_english_centric_bt{tag}/score.txt",
+        (f"{root}/multi30k_4way_english_centric_bt{ec_tag}/score.txt",
          "English-centric data and back-translated sources (MODE=english-centric-bt)",
          " (back-translated sources, MODE=english-centric-bt)")]:
     try:
@@ -281,11 +296,12 @@ PAIRS=$TRAINED  # the pairs of the data directory: with MODE=english-centric-bt 
 if [ "$MODE" = english-centric-bt ]; then
     PAIRS="$TRAINED $ZERO_SHOT"
     # the English-centric run of the same size, whose averaged model writes the synthetic sources
-    EC_WORK=${EC_WORK:-$ROOT/runs/multi30k_4way_english_centric$SIZE_TAG$(s _smoke "")}
-    EC_CKPT=$EC_WORK/checkpoints/average_last$AVG_N.pt
-    [ -f "$EC_CKPT" ] && [ -f "$EC_WORK/data/manifest.json" ] ||
-        die "MODE=english-centric-bt translates with the English-centric model: $EC_CKPT and" \
-            "$EC_WORK/data are missing (run MODE=english-centric with the same MODEL_SIZE first, or set EC_WORK)"
+    EC_WORK=${EC_WORK:-$ROOT/runs/multi30k_4way_english_centric$SIZE_TAG${NO_RESIDUAL_LAYER:+_nores$NO_RESIDUAL_LAYER}$(s _smoke "")}
+    EC_CKPT=$EC_WORK/checkpoints/average_last$EC_AVG_N.pt
+    for f in "$EC_CKPT" "$EC_WORK/data/manifest.json"; do
+        [ -f "$f" ] || die "MODE=english-centric-bt translates with the English-centric model, but $f is missing" \
+            "(run MODE=english-centric with the same MODEL_SIZE first, or set EC_WORK; EC_AVG_N=$EC_AVG_N)"
+    done
 fi
 
 stage_data() {
@@ -326,7 +342,7 @@ stage_backtranslate() {  # MODE=english-centric-bt: raw/train.SRC-TGT.{SRC,TGT}.
     for src in $(for dir in $ZERO_SHOT; do echo "${dir%-*}"; done | sort -u); do
         gzip -dc "$WORK/raw/train.en.gz" > "$WORK/raw/.bt.en"
         nmtkit generate "$EC_WORK/data" --path "$EC_CKPT" --input "$WORK/raw/.bt.en" --target-lang "$src" \
-            --beam "$BEAM" --lenpen "$LENPEN" --decoding "$DECODING" --max-len-a "$MAX_LEN_A" \
+            --beam "$BT_BEAM" --lenpen "$BT_LENPEN" --decoding "$BT_DECODING" --max-len-a "$MAX_LEN_A" \
             --max-len-b "$MAX_LEN_B" --device "$DEVICE" --output "$WORK/raw/.bt.$src" "${gen[@]}"
         for dir in $ZERO_SHOT; do
             [ "${dir%-*}" = "$src" ] || continue
@@ -341,6 +357,14 @@ stage_backtranslate() {  # MODE=english-centric-bt: raw/train.SRC-TGT.{SRC,TGT}.
 }
 
 stage_preprocess() {
+    local dir f
+    if [ "$MODE" = english-centric-bt ]; then  # never the real pairs: preprocess would fall back on them
+        for dir in $ZERO_SHOT; do
+            for f in "$WORK/raw/train.$dir.${dir%-*}.gz" "$WORK/raw/train.$dir.${dir#*-}.gz"; do
+                [ -f "$f" ] || die "$f is missing: run the backtranslate stage (STAGE=backtranslate)"
+            done
+        done
+    fi
     nmtkit preprocess --pairs "$(echo "$PAIRS" | tr ' ' ,)" \
         --trainpref "$WORK/raw/train" --validpref "$WORK/raw/val" --testpref "$WORK/raw/test_2016_flickr" \
         --destdir "$DATA_BIN" --vocab-size "$VOCAB_SIZE" --workers "$WORKERS" --force
@@ -467,10 +491,16 @@ stage_score() {
 [[ $LANG_VOCAB =~ ^[01]$ ]] || die "LANG_VOCAB must be 0 or 1, got '$LANG_VOCAB'"
 [[ $LANG_VOCAB_MIN_COUNT =~ ^[1-9][0-9]*$ ]] || die "LANG_VOCAB_MIN_COUNT must be a positive integer, got '$LANG_VOCAB_MIN_COUNT'"
 [[ $LANG_VOCAB_MIN_RATIO =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "LANG_VOCAB_MIN_RATIO must be a number >= 0, got '$LANG_VOCAB_MIN_RATIO'"
-for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS; do
+for v in VOCAB_SIZE WORKERS WARMUP MAX_TOKENS MAX_UPDATE VALIDATE_INTERVAL SAVE_INTERVAL_UPDATES AVG_N SEED BEAM THREADS \
+         EC_AVG_N BT_BEAM; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
 [[ $DECODING =~ ^(paper|fairseq)$ ]] || die "DECODING must be paper or fairseq, got '$DECODING'"
+[[ $BT_DECODING =~ ^(paper|fairseq)$ ]] || die "BT_DECODING must be paper or fairseq, got '$BT_DECODING'"
+[[ $BT_LENPEN =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "BT_LENPEN must be a number >= 0, got '$BT_LENPEN'"
+if [ -n "$NO_RESIDUAL_LAYER" ] && [ "$NO_RESIDUAL_LAYER" -gt "$(s 2 3)" ]; then
+    die "NO_RESIDUAL_LAYER=$NO_RESIDUAL_LAYER: the model has $(s 2 3) encoder layers$(s ' (--smoke: transformer_tiny)' '')"
+fi
 [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] || die "SAVE_INTERVAL_UPDATES must be > 0: the average stage needs update checkpoints"
 if [ $((MAX_UPDATE / SAVE_INTERVAL_UPDATES)) -lt "$AVG_N" ]; then
     die "AVG_N=$AVG_N checkpoints to average need MAX_UPDATE / SAVE_INTERVAL_UPDATES >= $AVG_N" \
@@ -488,7 +518,7 @@ say "work dir $WORK$(s ' (--smoke)' ''); MODE=$MODE: trains $TRAINED${ZERO_SHOT:
 K_DATA=$(key data "${NMTKIT_DATA:-download}" "$MULTI30K_URL" "$SMOKE" "$SMOKE_TRAIN_LINES" "$TEST_LINES" "$LANGS")
 K_BACKTRANSLATE=$K_DATA
 if [ "$MODE" = english-centric-bt ]; then
-    K_BACKTRANSLATE=$(key backtranslate "$K_DATA" "$(sha256sum < "$EC_CKPT")" "$BEAM" "$LENPEN" "$DECODING")
+    K_BACKTRANSLATE=$(key backtranslate "$K_DATA" "$(sha256sum < "$EC_CKPT")" "$BT_BEAM" "$BT_LENPEN" "$BT_DECODING")
 fi
 K_PREPROCESS=$(key preprocess "$K_BACKTRANSLATE" "$PAIRS" "$VOCAB_SIZE")
 K_TRAIN=$(key train "$K_PREPROCESS" "${ARCH_FLAGS[@]}" "$SAMPLING_TEMPERATURE" "$LR" "$WARMUP" "$MAX_TOKENS" \

@@ -54,7 +54,6 @@ VARIANTS = {
     "pre-norm": TINY.replace(normalize_before=True),
     "learned-pos": TINY.replace(learned_pos=True, share_embeddings="none"),
     "dk!=dv": TINY.replace(d_k=8, d_v=24, heads=2),
-    "no-residual": TINY.replace(encoder_no_residual_layer=1),
 }
 
 

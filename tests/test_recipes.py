@@ -461,11 +461,18 @@ def test_multilingual_smoke(tmp_path):
 
     # MODE=english-centric-bt: a model (this 12-direction one stands in for the English-centric
     # one: EC_WORK) translates the English training text into de, fr, cs; the 6 directions without
-    # English train from those synthetic sources to the real targets of the same lines
+    # English train from those synthetic sources to the real targets of the same lines (here
+    # with NO_RESIDUAL_LAYER=1 too: the flag reaches the training run)
     bt = tmp_path / "bt"
-    r5 = _run(["bash", "recipes/multilingual.sh", "--smoke"],
-              {**_env(bt, NMTKIT_DATA=str(data)), "MODE": "english-centric-bt", "EC_WORK": str(work), "MAX_UPDATE": "20"})
+    env5 = {**_env(bt, NMTKIT_DATA=str(data)), "MODE": "english-centric-bt", "EC_WORK": str(work), "MAX_UPDATE": "20",
+            "NO_RESIDUAL_LAYER": "1"}
+    r5 = _run(["bash", "recipes/multilingual.sh", "--smoke"], env5)
     assert r5.returncode == 0, r5.stderr[-3000:]
+    assert "--encoder-no-residual-layer 1" in (bt / "checkpoints" / "run_settings.txt").read_text()
+    import torch
+
+    assert torch.load(bt / "checkpoints" / "checkpoint_last.pt", weights_only=True)["arch_config"][
+        "encoder_no_residual_layer"] == 1
     assert f"(trained on sources back-translated by {work}/checkpoints/average_last2.pt)" in r5.stderr
     assert [(row[0], row[2]) for row in ML_ROW.findall(r5.stdout)] == [
         (d, "no") for d in ("de-en", "en-de", "fr-en", "en-fr", "cs-en", "en-cs")] + [
@@ -478,6 +485,16 @@ def test_multilingual_smoke(tmp_path):
         synthetic = _gz_lines(bt / "raw" / f"train.{d}.{src}.gz")
         assert _gz_lines(bt / "raw" / f"train.{d}.{tgt}.gz") == real[tgt] and len(synthetic) == 2000
         assert synthetic != real[src] and not [h for h in synthetic if ">>" in h], d
+        # what preprocess read: the synthetic source, not the real one
+        assert manifest["inputs"][f"train.{d}"][src]["path"] == str(bt / "raw" / f"train.{d}.{src}.gz"), d
+    # a re-run is up to date; without the synthetic files, preprocess refuses rather than use the real pairs
+    r6 = _run(["bash", "recipes/multilingual.sh", "--smoke"], env5)
+    assert r6.returncode == 0 and "backtranslate: up to date" in r6.stderr and "running" not in r6.stderr, r6.stderr
+    (bt / "raw" / "train.fr-cs.fr.gz").unlink()
+    r7 = _run(["bash", "recipes/multilingual.sh", "--smoke"], {**env5, "STAGE": "preprocess"})
+    assert r7.returncode == 2 and r7.stderr.strip().splitlines()[-1] == (
+        f"[multilingual] error: {bt}/raw/train.fr-cs.fr.gz is missing: run the backtranslate stage "
+        "(STAGE=backtranslate)"), r7.stderr
 
 
 def _gz_lines(path: Path) -> list[str]:
@@ -592,6 +609,13 @@ def test_multilingual_table_puts_the_three_kinds_side_by_side(tmp_path):
     assert lines[0] == "English-centric: encoder layer 2's self-attention without its residual (NO_RESIDUAL_LAYER=2)"
     assert lines[4].split() == ["de-fr", "32.00", "35.00", "28.00", "yes", "2.0", "88%", "80%"]
     assert "LANG_VOCAB" not in r.stdout  # (the plain run's score_langvocab.txt is not this run's)
+    assert "back-translated" not in r.stdout
+    # so does the back-translated run: the one made with NO_RESIDUAL_LAYER=2 (in _nores2), not the plain one
+    (root / "multi30k_4way_english_centric_bt_small").rmdir()
+    (root / "multi30k_4way_english_centric_bt_small_nores2").mkdir()
+    (root / "multi30k_4way_english_centric_bt_small_nores2" / "score.txt").write_text(_score_txt(bt, 8000, 10 ** 7))
+    r = _run(["bash", "recipes/multilingual.sh"], env)
+    assert r.returncode == 0 and "de-fr      BLEU  27.00  off-target   0.5 %" in r.stdout, (r.stdout, r.stderr)
     # the lowest ratio: cs-fr, 28 / 41
     assert "on the same direction: lowest 68% (cs-fr): met" in r.stdout
 
@@ -609,9 +633,13 @@ def test_multilingual_refuses_bad_settings(tmp_path):
                        ({"LANG_VOCAB_MIN_RATIO": "-1"}, "LANG_VOCAB_MIN_RATIO must be a number >= 0, got '-1'"),
                        ({"DECODING": "faiseq"}, "DECODING must be paper or fairseq, got 'faiseq'"),
                        ({"MODE": "english-centric-bt", "EC_WORK": str(tmp_path / "none")},
-                        f"MODE=english-centric-bt translates with the English-centric model: {tmp_path}/none/checkpoints/"
-                        f"average_last2.pt and {tmp_path}/none/data are missing (run MODE=english-centric with the same "
-                        "MODEL_SIZE first, or set EC_WORK)"),
+                        f"MODE=english-centric-bt translates with the English-centric model, but {tmp_path}/none/"
+                        "checkpoints/average_last2.pt is missing (run MODE=english-centric with the same MODEL_SIZE "
+                        "first, or set EC_WORK; EC_AVG_N=2)"),
+                       ({"NO_RESIDUAL_LAYER": "3"}, "NO_RESIDUAL_LAYER=3: the model has 2 encoder layers (--smoke: "
+                                                    "transformer_tiny)"),
+                       ({"BT_DECODING": "beam"}, "BT_DECODING must be paper or fairseq, got 'beam'"),
+                       ({"BT_BEAM": "four"}, "BT_BEAM must be a non-negative integer, got 'four'"),
                        ({"NO_RESIDUAL_LAYER": "0"}, "NO_RESIDUAL_LAYER must be an encoder layer's number (1 = the "
                                                     "first), got '0'"),
                        ({"NO_RESIDUAL_LAYER": "2/../x", "MODE": "table"}, "NO_RESIDUAL_LAYER must be an encoder "
