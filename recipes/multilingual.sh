@@ -39,7 +39,7 @@
 #               downloaded into a cache
 #   backtranslate  (MODE=english-centric-bt only) the English training text translated into de,
 #               fr and cs by EC_WORK's average of EC_AVG_N checkpoints (BT_BEAM, BT_LENPEN,
-#               BT_DECODING; 29,000 sentences in about 2 minutes per language on one thread at
+#               BT_DECODING; 29,000 sentences in 2-2.5 minutes per language on one thread at
 #               MODEL_SIZE=small): raw/train.SRC-TGT.{SRC,TGT}.gz of the 6 directions without English
 #   preprocess  one multilingual data directory for the trained pairs (nmtkit preprocess
 #               --pairs): a joint sentencepiece model (VOCAB_SIZE pieces) and dictionary
