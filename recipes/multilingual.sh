@@ -339,8 +339,8 @@ stage_backtranslate() {  # MODE=english-centric-bt: raw/train.SRC-TGT.{SRC,TGT}.
     # same lines (Multi30k's languages are line-parallel: TGT's pair with English shares its English).
     local gen=() src dir
     if [ "$DEVICE" != cuda ]; then gen+=(--threads "$THREADS"); fi
+    gzip -dc "$WORK/raw/train.en.gz" > "$WORK/raw/.bt.en"  # once, for every source language
     for src in $(for dir in $ZERO_SHOT; do echo "${dir%-*}"; done | sort -u); do
-        gzip -dc "$WORK/raw/train.en.gz" > "$WORK/raw/.bt.en"
         nmtkit generate "$EC_WORK/data" --path "$EC_CKPT" --input "$WORK/raw/.bt.en" --target-lang "$src" \
             --beam "$BT_BEAM" --lenpen "$BT_LENPEN" --decoding "$BT_DECODING" --max-len-a "$MAX_LEN_A" \
             --max-len-b "$MAX_LEN_B" --device "$DEVICE" --output "$WORK/raw/.bt.$src" "${gen[@]}"
@@ -352,8 +352,9 @@ stage_backtranslate() {  # MODE=english-centric-bt: raw/train.SRC-TGT.{SRC,TGT}.
             mv -f "$WORK/raw/.train.$dir.${dir#*-}.gz" "$WORK/raw/train.$dir.${dir#*-}.gz"
             STAGE_OUTPUTS+=("$WORK/raw/train.$dir.$src.gz" "$WORK/raw/train.$dir.${dir#*-}.gz")
         done
-        rm -f "$WORK/raw/.bt.en" "$WORK/raw/.bt.$src"
+        rm -f "$WORK/raw/.bt.$src"
     done
+    rm -f "$WORK/raw/.bt.en"
 }
 
 stage_preprocess() {
