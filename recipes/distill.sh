@@ -34,6 +34,9 @@
 #   RAW_DIR          train/val/test_2016_flickr .de.gz/.en.gz (default: the quickstart's raw/)
 #   NMTKIT_WORK      this recipe's work directory (default ./runs/distill_de_en[_smoke])
 #   STAGE=name / LAST_STAGE=name  start from / stop after a stage
+#   EXTRA_TRAIN_ARGS more `nmtkit train` flags for the student, e.g. another width for a registry
+#                    shape: STUDENT_ARCH=transformer_student_6_1 EXTRA_TRAIN_ARGS="--d-model 256 --d-ff 1024
+#                    --heads 4" (the quickstart's widths with 6+1 layers)
 #   STUDENT_ARCH, MIX_ORIGINAL, BEAM_DISTILL, LR, WARMUP, MAX_UPDATE, MAX_TOKENS, SAVE_INTERVAL_UPDATES,
 #   AVG_N, SEED, BEAM, LENPEN, DEVICE, THREADS, TEST_LINES
 set -euo pipefail
@@ -53,6 +56,7 @@ TEACHER=${TEACHER:-$QUICKSTART_WORK/checkpoints/average_last$QS_AVG_N.pt}
 TEACHER_DATA=${TEACHER_DATA:-$QUICKSTART_WORK/data}
 RAW_DIR=${RAW_DIR:-$QUICKSTART_WORK/raw}
 STUDENT_ARCH=${STUDENT_ARCH:-$(s transformer_tiny transformer_student_tiny)}
+EXTRA_TRAIN_ARGS=${EXTRA_TRAIN_ARGS:-}
 MIX_ORIGINAL=${MIX_ORIGINAL:-0}
 BEAM_DISTILL=${BEAM_DISTILL:-4}
 # The student: a larger learning rate than the paper's for a small model on small data, with
@@ -164,8 +168,10 @@ stage_preprocess() {
 
 stage_train() {
     check_run_settings "$CKPT_DIR" "data=$K_PREPROCESS" "arch=$STUDENT_ARCH" "LR=$LR" "WARMUP=$WARMUP" \
-        "MAX_TOKENS=$MAX_TOKENS" "SEED=$SEED"
-    nmtkit train "$DATA_BIN" --arch "$STUDENT_ARCH" --save-dir "$CKPT_DIR" \
+        "MAX_TOKENS=$MAX_TOKENS" "SEED=$SEED" "EXTRA_TRAIN_ARGS=$EXTRA_TRAIN_ARGS"
+    local extra=()
+    if [ -n "$EXTRA_TRAIN_ARGS" ]; then read -r -a extra <<< "$EXTRA_TRAIN_ARGS"; fi
+    nmtkit train "$DATA_BIN" --arch "$STUDENT_ARCH" "${extra[@]}" --save-dir "$CKPT_DIR" \
         --lr-scheduler inverse_sqrt --lr "$LR" --warmup-updates "$WARMUP" --max-tokens "$MAX_TOKENS" \
         --max-update "$MAX_UPDATE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" \
         --keep-last-updates "$AVG_N" --no-epoch-checkpoints --seed "$SEED" --log-interval 50 \
@@ -242,7 +248,7 @@ for v in BEAM_DISTILL WARMUP MAX_TOKENS MAX_UPDATE SAVE_INTERVAL_UPDATES AVG_N S
 done
 stages_init "${STAGE:-}" "${LAST_STAGE:-}"
 nmtkit_env || die "could not set up the Python environment (recipes/lib/env.sh)"
-say "work dir $WORK$(s ' (--smoke)' ''); teacher $TEACHER; student $STUDENT_ARCH"
+say "work dir $WORK$(s ' (--smoke)' ''); teacher $TEACHER; student $STUDENT_ARCH${EXTRA_TRAIN_ARGS:+ $EXTRA_TRAIN_ARGS}"
 
 K_TEACHER=$(key teacher "$TEACHER" "$TEACHER_DATA" "$RAW_DIR" "$SMOKE" "$TEST_LINES")
 run_stage teacher "$K_TEACHER" stage_teacher
@@ -251,7 +257,7 @@ if [ -f "$TEACHER" ]; then K_TEACHER=$(key "$K_TEACHER" "$(sha256sum < "$TEACHER
 K_DISTILL=$(key distill "$K_TEACHER" "$BEAM_DISTILL" "$LENPEN")
 K_DATA=$(key data "$K_DISTILL" "$MIX_ORIGINAL")
 K_PREPROCESS=$(key preprocess "$K_DATA")
-K_TRAIN=$(key train "$K_PREPROCESS" "$STUDENT_ARCH" "$LR" "$WARMUP" "$MAX_TOKENS" "$MAX_UPDATE" \
+K_TRAIN=$(key train "$K_PREPROCESS" "$STUDENT_ARCH" "$EXTRA_TRAIN_ARGS" "$LR" "$WARMUP" "$MAX_TOKENS" "$MAX_UPDATE" \
     "$SAVE_INTERVAL_UPDATES" "$SEED")
 K_AVERAGE=$(key average "$K_TRAIN" "$AVG_N")
 K_SHORTLIST=$(key shortlist "$K_PREPROCESS")
