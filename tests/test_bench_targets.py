@@ -74,3 +74,92 @@ def test_the_decode_time_comes_from_the_unrounded_rate():
             "search only 3.6s: 1,277.8 sentences/s, 3,429 tokens/s")
     m = _bench().SUMMARY.search(line)
     assert m.groups() == ("1,000", "12,345", "1,277.8")
+
+
+# recipes/bench/deploy_bench.py: the deployment table and its targets (docs/archs.md, Deployment)
+
+DEPLOY = BENCH.parent / "deploy_bench.py"
+
+
+def _deploy():
+    spec = importlib.util.spec_from_file_location("deploy_bench", DEPLOY)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _drow(model, threads, bs, route, sent_s, bleu, rss=100.0, size=10.0):
+    return {"model": model, "threads": threads, "batch_size": bs, "route": route, "decode_sent_s": sent_s,
+            "bleu": bleu, "peak_rss_mib": rss, "size_mib": size}
+
+
+DEPLOY_ROWS = [
+    _drow("teacher", 1, 1, "nmtkit int8", 20.0, 35.30), _drow("teacher", 1, 1, "ONNX int8", 30.0, 35.26),
+    _drow("teacher", 2, 128, "nmtkit int8", 200.0, 35.30), _drow("teacher", 2, 128, "ONNX int8", 150.0, 35.26),
+    _drow("teacher", 2, 128, "CTranslate2 int8_float32", 160.0, 35.10),
+    _drow("teacher", 2, 128, "CTranslate2 int8_float32 + vmap", 210.0, 35.00),
+    _drow("teacher", 2, 128, "ONNX int8 + shortlist", 195.0, 35.16),
+    _drow("student", 1, 1, "nmtkit int8", 95.0, 34.40), _drow("student", 1, 1, "ONNX int8", 90.0, 34.50, rss=80.0),
+    _drow("student", 2, 128, "nmtkit int8", 640.0, 34.20, rss=300.0),
+    _drow("student", 2, 128, "nmtkit int8 + shortlist", 830.0, 34.00, rss=310.0, size=10.5),
+]
+
+
+def test_every_deployment_target_with_its_figure():
+    assert _deploy().deploy_targets(DEPLOY_ROWS, ["teacher", "student"]) == [
+        # the fastest int8 route of each model per cell: 95 / 30 and 640 / 200
+        "student / teacher, batch 1 (1 thread(s)), the fastest int8 engine of each (nmtkit int8, ONNX int8): "
+        "3.17x (target >= 3x: met)",
+        "student / teacher, batch 128 (2 thread(s)), the fastest int8 engine of each (nmtkit int8, nmtkit int8): "
+        "3.20x (target >= 3x: met)",
+        # those routes at the largest batch: 34.20 - 35.30
+        "BLEU of student (nmtkit int8) 34.20 against teacher's (nmtkit int8) 35.30: -1.10 (target >= -1.0: NOT met)",
+        # 195 / 150, 35.16 - 35.26; 210 / 160, 35.00 - 35.10
+        "teacher, batch 128 (2 thread(s)): CTranslate2 int8_float32 + vmap / CTranslate2 int8_float32 = 1.31x "
+        "(target >= 1.3x: met), BLEU -0.10 (target >= -0.2: met)",
+        "teacher, batch 128 (2 thread(s)): ONNX int8 + shortlist / ONNX int8 = 1.30x (target >= 1.3x: met), "
+        "BLEU -0.10 (target >= -0.2: met)",
+        "teacher, batch 128 (2 threads): ONNX int8 / CTranslate2 int8_float32 = 0.94x (target >= 1.0x: NOT met)",
+        "teacher, batch 128 (2 threads): the fastest nmtkit route with the shortlist (ONNX int8 + shortlist) / "
+        "CTranslate2 int8_float32 + vmap = 0.93x (target >= 1.0x: NOT met)",
+        # 830 / 640 = 1.297: just under; 34.00 - 34.20 = -0.20: at the bound
+        "student, batch 128 (2 thread(s)): nmtkit int8 + shortlist / nmtkit int8 = 1.30x (target >= 1.3x: NOT met), "
+        "BLEU -0.20 (target >= -0.2: met)",
+    ]
+
+
+def test_deployment_targets_without_their_rows_are_left_out():
+    teacher_only = [r for r in DEPLOY_ROWS if r["model"] == "teacher" and "CTranslate2" not in r["route"]]
+    assert _deploy().deploy_targets(teacher_only, ["teacher"]) == [
+        "teacher, batch 128 (2 thread(s)): ONNX int8 + shortlist / ONNX int8 = 1.30x (target >= 1.3x: met), "
+        "BLEU -0.10 (target >= -0.2: met)"]
+    assert _deploy().deploy_targets([], ["teacher", "student"]) == []
+
+
+def test_the_deployment_table_has_a_row_per_model_and_route():
+    lines = _deploy().table(DEPLOY_ROWS, ["teacher", "student"])
+    assert lines[0] == "| model | route | BLEU | sent/s batch 1 (1 thr.) | sent/s batch 128 (2 thr.) | peak RSS MiB | size MiB |"
+    # a route run in one cell only leaves the other empty; RSS is the largest of the cells
+    assert "| student | nmtkit int8 | 34.20 | 95.0 | 640.0 | 300 | 10.0 |" in lines
+    assert "| student | ONNX int8 | 34.50 | 90.0 |  | 80 | 10.0 |" in lines
+    assert "| student | nmtkit int8 + shortlist | 34.00 |  | 830.0 | 310 | 10.5 |" in lines
+    assert len(lines) == 2 + len({(r["model"], r["route"]) for r in DEPLOY_ROWS})
+
+
+def test_the_size_of_nmtkit_route_is_the_checkpoint_with_what_it_loads_from_the_data_directory(tmp_path):
+    bench = _bench()
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, size in (("dict.de.txt", 100), ("spm.model", 2000), ("manifest.json", 50), ("train.de.000.bin", 10**6),
+                       ("train.de.000.idx", 1000), (".nmtkit-verified.json", 30)):
+        (data / name).write_bytes(b"x" * size)
+    ckpt = tmp_path / "m.pt"
+    ckpt.write_bytes(b"x" * 2**20)
+    files = bench.native_files(str(ckpt), str(data))
+    assert [f.name for f in files] == ["m.pt", "dict.de.txt", "manifest.json", "spm.model"]  # no shards
+    assert bench.size_mib(files) == (2**20 + 2150) / 2**20
+    export = tmp_path / "export"
+    (export / "sub").mkdir(parents=True)
+    (export / "model.bin").write_bytes(b"x" * 3000)
+    (export / "sub" / "a").write_bytes(b"x" * 1000)
+    assert bench.size_mib([export]) == 4000 / 2**20

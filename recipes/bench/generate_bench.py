@@ -69,11 +69,25 @@ def read_lines(path: Path) -> list[str]:
         return [line.rstrip("\n") for line in fh]
 
 
+def size_mib(paths: list[Path]) -> float:
+    """Size on disk of files, and of every file under directories, in MiB."""
+    files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()]
+    return sum(f.stat().st_size for f in files) / 2**20
+
+
+def native_files(ckpt: str, data: str) -> list[Path]:
+    """What nmtkit's own search loads to translate text: the checkpoint, and the data directory's
+    dictionaries, manifest and subword model (not its binarized shards)."""
+    return [Path(ckpt)] + sorted(f for f in Path(data).iterdir()
+                                 if f.is_file() and f.suffix not in (".bin", ".idx") and not f.name.startswith("."))
+
+
 class System:
     """One thing to time: a command line for a batch size and a thread count."""
 
-    def __init__(self, label: str, make, checkout: Path):
-        self.label, self.make, self.checkout = label, make, checkout
+    def __init__(self, label: str, make, checkout: Path, weights: list[Path] | None = None):
+        # weights: the files and export directory the system loads (its size on disk)
+        self.label, self.make, self.checkout, self.weights = label, make, checkout, weights
 
     def env(self, threads: int | None = None) -> dict:
         env = dict(os.environ, PYTHONPATH=str(self.checkout))
@@ -216,68 +230,27 @@ def differing_lines(rows: list[dict], work: Path, a, onnx_exports: dict) -> list
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", required=True, help="preprocessed Multi30k de-en data dir")
-    ap.add_argument("--ckpt", required=True)
-    ap.add_argument("--src", required=True, help="raw source text (test_2016_flickr.de[.gz])")
-    ap.add_argument("--ref", required=True, help="raw reference (test_2016_flickr.en[.gz]) for BLEU")
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--src-lang", default="de")
-    ap.add_argument("--tgt-lang", default="en")
-    ap.add_argument("--batch-sizes", default="1,16,128")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--cells", default="", help="only these THREADSxBATCH cells, e.g. 1x1,2x128 (default: every pair)")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
-    ap.add_argument("--beam", type=int, default=4)
-    ap.add_argument("--lenpen", type=float, default=0.6)
-    ap.add_argument("--systems", default="nmtkit,nmtkit-int8,ct2,ct2-int8,onnx,onnx-int8",
-                    help="comma-separated: nmtkit, nmtkit-int8, ct2, ct2-int8, onnx, onnx-int8, baseline")
-    ap.add_argument("--baseline", default="", help="another nmtkit checkout: its fp32 as system 'baseline'")
-    ap.add_argument("--extra", default="", help="more `nmtkit generate` flags, space-separated")
-    ap.add_argument("--shortlist", default="", help="a lexical shortlist (nmtkit shortlist) for the *-sl / *-vmap systems")
-    ap.add_argument("--export-pythonpath", default=None,
-                    help="PYTHONPATH for the `nmtkit export` step only (a checkout that has the command)")
-    a = ap.parse_args()
-
-    import sacrebleu
-
-    # absolute: the runs start in the work folder (see run_timed)
-    a.data, a.ckpt = str(Path(a.data).resolve()), str(Path(a.ckpt).resolve())
-    work = Path(a.work).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    src_lines = read_lines(Path(a.src))
-    refs = read_lines(Path(a.ref))
-    if a.limit:
-        src_lines, refs = src_lines[: a.limit], refs[: a.limit]
-    src = work / "src.txt"
-    src.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
+def make_systems(a, wanted: list[str], work: Path, src: Path, search: list[str], ckpt: str, data: str,
+                 prefix: str = "") -> tuple[list[System], dict, list[str]]:
+    """The systems named in `wanted` for one checkpoint: nmtkit's search on it and its CTranslate2
+    and ONNX exports, made once into `work` (`a`: the bench's options). Returns the systems, their
+    labels prefixed with `prefix`; the ONNX exports by quantization (with a shortlist:
+    (quantization, True)); and `wanted`, without the CTranslate2 systems when that export failed."""
     py = sys.executable
-    wanted = [s for s in a.systems.split(",") if s]
-    if "baseline" in wanted and not a.baseline:
-        sys.exit("[bench] system 'baseline' needs --baseline DIR (another nmtkit checkout)")
-
-    search = ["--beam", str(a.beam), "--lenpen", str(a.lenpen), "--lenpen-form", "fairseq",
-              "--early-stop", "beam", "--max-len-a", "0", "--max-len-b", "256"]
 
     def native(extra: list[str]):
         def make(bs, threads, hyp):
-            return ([py, "-m", "nmtkit", "generate", a.data, "--path", a.ckpt, "--input", str(src),
+            return ([py, "-m", "nmtkit", "generate", data, "--path", ckpt, "--input", str(src),
                      "--output", str(hyp), "--device", "cpu", "--threads", str(threads), "--batch-size", str(bs),
                      *search, *extra, *a.extra.split()], "nmtkit")
         return make
-
-    if any(s.endswith(("-sl", "-vmap")) for s in wanted) and not a.shortlist:
-        sys.exit("[bench] the *-sl and *-vmap systems need --shortlist FILE (nmtkit shortlist DATA_DIR)")
-    a.shortlist = str(Path(a.shortlist).resolve()) if a.shortlist else ""
 
     def export(fmt: str, q: str, shortlist: bool, pythonpath: str | None = None) -> Path | str:
         """`nmtkit export` of CKPT into the work folder: its directory, or the error's last lines."""
         out = work / f"{'ct2' if fmt == 'ctranslate2' else fmt}_{q}{'_sl' if shortlist else ''}"
         print(f"[bench] nmtkit export --format {fmt} --quantization {q}{' --shortlist' if shortlist else ''} -> {out}",
               flush=True)
-        r = subprocess.run([py, "-m", "nmtkit", "export", a.data, "--path", a.ckpt, "--format", fmt, "--output", str(out),
+        r = subprocess.run([py, "-m", "nmtkit", "export", data, "--path", ckpt, "--format", fmt, "--output", str(out),
                             "--quantization", q, "--force", *(["--shortlist", a.shortlist] if shortlist else [])],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=pythonpath or str(REPO)),
                            cwd=work)
@@ -316,64 +289,135 @@ def main() -> None:
 
     def ct2(q: str, compute_type: str, vmap: bool = False):
         def make(bs, threads, hyp):
-            return ([py, str(HERE / "ct2_translate.py"), "--model", str(exports[q, vmap]), "--data", a.data,
+            return ([py, str(HERE / "ct2_translate.py"), "--model", str(exports[q, vmap]), "--data", data,
                      "--src-lang", a.src_lang, "--tgt-lang", a.tgt_lang, "--input", str(src), "--output", str(hyp),
                      "--compute-type", compute_type, "--threads", str(threads), "--batch-size", str(bs),
                      "--beam", str(a.beam), "--lenpen", str(a.lenpen), "--max-len", "256",
                      *(["--use-vmap"] if vmap else [])], "ct2")
         return make
 
-    catalog = {
-        "nmtkit": lambda: System("nmtkit fp32", native([]), REPO),
-        "nmtkit-int8": lambda: System("nmtkit int8", native(["--quantize", "int8"]), REPO),
-        "ct2": lambda: System("CTranslate2 float32", ct2("float32", "float32"), REPO),
-        "ct2-int8": lambda: System("CTranslate2 int8_float32", ct2("int8", "int8_float32"), REPO),
-        "baseline": lambda: System("nmtkit fp32 (baseline)", native([]), Path(a.baseline).resolve()),
-        "onnx": lambda: System("ONNX fp32", onnx("float32"), REPO),
-        "onnx-int8": lambda: System("ONNX int8", onnx("int8"), REPO),
+    native_sl = ["--shortlist", a.shortlist]
+    onnx_dir = lambda q, sl=False: onnx_exports[(q, True) if sl else q]  # noqa: E731
+    catalog = {  # name -> (label, command maker, checkout, the weights on disk)
+        "nmtkit": lambda: ("nmtkit fp32", native([]), REPO, ckpt),
+        "nmtkit-int8": lambda: ("nmtkit int8", native(["--quantize", "int8"]), REPO, ckpt),
+        "ct2": lambda: ("CTranslate2 float32", ct2("float32", "float32"), REPO, exports["float32", False]),
+        "ct2-int8": lambda: ("CTranslate2 int8_float32", ct2("int8", "int8_float32"), REPO, exports["int8", False]),
+        "baseline": lambda: ("nmtkit fp32 (baseline)", native([]), Path(a.baseline).resolve(), ckpt),
+        "onnx": lambda: ("ONNX fp32", onnx("float32"), REPO, onnx_dir("float32")),
+        "onnx-int8": lambda: ("ONNX int8", onnx("int8"), REPO, onnx_dir("int8")),
         # with the lexical shortlist --shortlist (docs/generate.md, "Lexical shortlists")
-        "nmtkit-sl": lambda: System("nmtkit fp32 + shortlist", native(["--shortlist", a.shortlist]), REPO),
-        "nmtkit-int8-sl": lambda: System("nmtkit int8 + shortlist",
-                                         native(["--quantize", "int8", "--shortlist", a.shortlist]), REPO),
-        "ct2-vmap": lambda: System("CTranslate2 float32 + vmap", ct2("float32", "float32", True), REPO),
-        "ct2-int8-vmap": lambda: System("CTranslate2 int8_float32 + vmap", ct2("int8", "int8_float32", True), REPO),
-        "onnx-sl": lambda: System("ONNX fp32 + shortlist", onnx("float32", True), REPO),
-        "onnx-int8-sl": lambda: System("ONNX int8 + shortlist", onnx("int8", True), REPO),
+        "nmtkit-sl": lambda: ("nmtkit fp32 + shortlist", native(native_sl), REPO, ckpt),
+        "nmtkit-int8-sl": lambda: ("nmtkit int8 + shortlist", native(["--quantize", "int8", *native_sl]), REPO, ckpt),
+        "ct2-vmap": lambda: ("CTranslate2 float32 + vmap", ct2("float32", "float32", True), REPO,
+                             exports["float32", True]),
+        "ct2-int8-vmap": lambda: ("CTranslate2 int8_float32 + vmap", ct2("int8", "int8_float32", True), REPO,
+                                  exports["int8", True]),
+        "onnx-sl": lambda: ("ONNX fp32 + shortlist", onnx("float32", True), REPO, onnx_dir("float32", True)),
+        "onnx-int8-sl": lambda: ("ONNX int8 + shortlist", onnx("int8", True), REPO, onnx_dir("int8", True)),
     }
-    systems = [catalog[s]() for s in wanted]
-    print(f"[bench] load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    systems = []
+    for name in wanted:
+        label, make, checkout, weights = catalog[name]()
+        files = native_files(ckpt, data) if weights == ckpt else [Path(weights)]
+        if weights == ckpt and name.endswith("-sl"):
+            files.append(Path(a.shortlist))
+        systems.append(System(prefix + label, make, checkout, files))
+    return systems, onnx_exports, wanted
+
+
+def time_systems(systems: list[System], cells: list[tuple[int, int]], runs: int, work: Path,
+                 refs: list[str]) -> list[dict]:
+    """Every system in every (threads, batch size) cell, `runs` times in a rotating order (who goes
+    first changes: a shared machine drifts); one row per cell and system with the medians, the
+    largest peak RSS, sacreBLEU against `refs` and the lines equal to the first system's."""
+    import sacrebleu
 
     rows = []
-    for threads in [int(x) for x in a.threads.split(",")]:
-        for bs in [int(x) for x in a.batch_sizes.split(",")]:
-            if a.cells and f"{threads}x{bs}" not in a.cells.split(","):
-                continue
-            runs: dict[str, list[dict]] = {s.label: [] for s in systems}
-            outputs = {}
-            for r in range(a.runs):
-                order = systems[r % len(systems):] + systems[: r % len(systems)]  # rotate who goes first
-                for s in order:
-                    hyp = work / f"hyp.{re.sub(r'[^a-z0-9]+', '_', s.label.lower())}.t{threads}.b{bs}.txt"
-                    res = s.once(bs, threads, hyp)
-                    runs[s.label].append(res)
-                    outputs[s.label] = hyp.read_text(encoding="utf-8").splitlines()
-                    print(f"[bench] threads {threads} batch {bs} run {r + 1}/{a.runs} {s.label}: "
-                          f"{res['decode_s']:.1f}s decode, {res['wall_s']:.1f}s process, {res['peak_rss_mib']:.0f} MiB",
-                          flush=True)
-            first = outputs[systems[0].label]
-            for s in systems:
-                rs = runs[s.label]
-                med = lambda k: statistics.median(x[k] for x in rs)  # noqa: E731
-                n = rs[0]["sentences"]
-                hyps = outputs[s.label]
-                rows.append({
-                    "threads": threads, "batch_size": bs, "system": s.label, "sentences": n,
-                    "target_tokens": rs[0]["tokens"], "decode_s": med("decode_s"), "process_s": med("wall_s"),
-                    "decode_sent_s": n / med("decode_s"), "process_sent_s": n / med("wall_s"),
-                    "peak_rss_mib": max(x["peak_rss_mib"] for x in rs),
-                    "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score if len(hyps) == len(refs) else float("nan"),
-                    "same_as_first": sum(x == y for x, y in zip(hyps, first)), "runs": rs,
-                })
+    for threads, bs in cells:
+        by_label: dict[str, list[dict]] = {s.label: [] for s in systems}
+        outputs = {}
+        for r in range(runs):
+            order = systems[r % len(systems):] + systems[: r % len(systems)]
+            for s in order:
+                hyp = work / f"hyp.{re.sub(r'[^a-z0-9]+', '_', s.label.lower())}.t{threads}.b{bs}.txt"
+                res = s.once(bs, threads, hyp)
+                by_label[s.label].append(res)
+                outputs[s.label] = hyp.read_text(encoding="utf-8").splitlines()
+                print(f"[bench] threads {threads} batch {bs} run {r + 1}/{runs} {s.label}: "
+                      f"{res['decode_s']:.1f}s decode, {res['wall_s']:.1f}s process, {res['peak_rss_mib']:.0f} MiB",
+                      flush=True)
+        first = outputs[systems[0].label]
+        for s in systems:
+            rs = by_label[s.label]
+            med = lambda k: statistics.median(x[k] for x in rs)  # noqa: E731
+            n = rs[0]["sentences"]
+            hyps = outputs[s.label]
+            rows.append({
+                "threads": threads, "batch_size": bs, "system": s.label, "sentences": n,
+                "target_tokens": rs[0]["tokens"], "decode_s": med("decode_s"), "process_s": med("wall_s"),
+                "decode_sent_s": n / med("decode_s"), "process_sent_s": n / med("wall_s"),
+                "peak_rss_mib": max(x["peak_rss_mib"] for x in rs),
+                "size_mib": size_mib(s.weights) if s.weights else float("nan"),
+                "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score if len(hyps) == len(refs) else float("nan"),
+                "same_as_first": sum(x == y for x, y in zip(hyps, first)), "runs": rs,
+            })
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--data", required=True, help="preprocessed Multi30k de-en data dir")
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--src", required=True, help="raw source text (test_2016_flickr.de[.gz])")
+    ap.add_argument("--ref", required=True, help="raw reference (test_2016_flickr.en[.gz]) for BLEU")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--src-lang", default="de")
+    ap.add_argument("--tgt-lang", default="en")
+    ap.add_argument("--batch-sizes", default="1,16,128")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--cells", default="", help="only these THREADSxBATCH cells, e.g. 1x1,2x128 (default: every pair)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--lenpen", type=float, default=0.6)
+    ap.add_argument("--systems", default="nmtkit,nmtkit-int8,ct2,ct2-int8,onnx,onnx-int8",
+                    help="comma-separated: nmtkit, nmtkit-int8, ct2, ct2-int8, onnx, onnx-int8, baseline")
+    ap.add_argument("--baseline", default="", help="another nmtkit checkout: its fp32 as system 'baseline'")
+    ap.add_argument("--extra", default="", help="more `nmtkit generate` flags, space-separated")
+    ap.add_argument("--shortlist", default="", help="a lexical shortlist (nmtkit shortlist) for the *-sl / *-vmap systems")
+    ap.add_argument("--export-pythonpath", default=None,
+                    help="PYTHONPATH for the `nmtkit export` step only (a checkout that has the command)")
+    a = ap.parse_args()
+
+    # absolute: the runs start in the work folder (see run_timed)
+    a.data, a.ckpt = str(Path(a.data).resolve()), str(Path(a.ckpt).resolve())
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    src_lines = read_lines(Path(a.src))
+    refs = read_lines(Path(a.ref))
+    if a.limit:
+        src_lines, refs = src_lines[: a.limit], refs[: a.limit]
+    src = work / "src.txt"
+    src.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
+    py = sys.executable
+    wanted = [s for s in a.systems.split(",") if s]
+    if "baseline" in wanted and not a.baseline:
+        sys.exit("[bench] system 'baseline' needs --baseline DIR (another nmtkit checkout)")
+
+    search = ["--beam", str(a.beam), "--lenpen", str(a.lenpen), "--lenpen-form", "fairseq",
+              "--early-stop", "beam", "--max-len-a", "0", "--max-len-b", "256"]
+
+    if any(s.endswith(("-sl", "-vmap")) for s in wanted) and not a.shortlist:
+        sys.exit("[bench] the *-sl and *-vmap systems need --shortlist FILE (nmtkit shortlist DATA_DIR)")
+    a.shortlist = str(Path(a.shortlist).resolve()) if a.shortlist else ""
+    systems, onnx_exports, wanted = make_systems(a, wanted, work, src, search, a.ckpt, a.data)
+    print(f"[bench] load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+
+    cells = [(threads, bs) for threads in [int(x) for x in a.threads.split(",")]
+             for bs in [int(x) for x in a.batch_sizes.split(",")]
+             if not a.cells or f"{threads}x{bs}" in a.cells.split(",")]
+    rows = time_systems(systems, cells, a.runs, work, refs)
 
     startup = []
     starts = {"nmtkit fp32": [a.data, "--path", a.ckpt], "nmtkit fp32 (baseline)": [a.data, "--path", a.ckpt],
