@@ -21,7 +21,8 @@
 #               (they share the teacher's pieces)
 #   evaluate    teacher and student, fp32, int8 (--quantize int8 on CPU) and int8 with the shortlist,
 #               on test_2016_flickr: sacreBLEU and sentences/s at batch 1 and at batch 128, one table
-#               on stdout (an export teacher: without the shortlist rows)
+#               on stdout (an export teacher: without the shortlist rows); then the command of
+#               recipes/bench/deploy.sh that adds every engine, peak RSS and size on disk
 #
 # Options:
 #   --smoke     CI-sized run of the same pipeline: the quickstart's --smoke model as teacher, its
@@ -216,6 +217,10 @@ show_table() {
     if [ "$SMOKE" = 1 ]; then
         say "--smoke checks the pipeline, not the models: the smoke teacher and a $MAX_UPDATE-update" \
             "student both score near 1 BLEU"
+    fi
+    if [ -f "$TEACHER" ]; then  # one checkpoint (not an ensemble or an export): it can be exported
+        say "every engine (CTranslate2, ONNX Runtime), peak RSS and size on disk: SHORTLIST=$SHORTLIST" \
+            "bash recipes/bench/deploy.sh --model teacher $TEACHER $TEACHER_DATA --model student $AVG_CKPT $DATA_BIN"
     fi
 }
 
