@@ -169,7 +169,7 @@ stage_preprocess() {
 
 stage_train() {
     check_run_settings "$CKPT_DIR" "data=$K_PREPROCESS" "arch=$STUDENT_ARCH" "LR=$LR" "WARMUP=$WARMUP" \
-        "MAX_TOKENS=$MAX_TOKENS" "SEED=$SEED" "EXTRA_TRAIN_ARGS=$EXTRA_TRAIN_ARGS"
+        "MAX_TOKENS=$MAX_TOKENS" "SEED=$SEED" ${EXTRA_TRAIN_ARGS:+"EXTRA_TRAIN_ARGS=$EXTRA_TRAIN_ARGS"}
     local extra=()
     if [ -n "$EXTRA_TRAIN_ARGS" ]; then read -r -a extra <<< "$EXTRA_TRAIN_ARGS"; fi
     nmtkit train "$DATA_BIN" --arch "$STUDENT_ARCH" "${extra[@]}" --save-dir "$CKPT_DIR" \
@@ -219,8 +219,10 @@ show_table() {
             "student both score near 1 BLEU"
     fi
     if [ -f "$TEACHER" ]; then  # one checkpoint (not an ensemble or an export): it can be exported
-        say "every engine (CTranslate2, ONNX Runtime), peak RSS and size on disk: SHORTLIST=$SHORTLIST" \
-            "bash recipes/bench/deploy.sh --model teacher $TEACHER $TEACHER_DATA --model student $AVG_CKPT $DATA_BIN"
+        say "every engine (CTranslate2, ONNX Runtime), peak RSS and size on disk:" \
+            "$(printf '%q ' NMTKIT_DATA="$RAW_DIR" SHORTLIST="$SHORTLIST" LIMIT="$TEST_LINES" bash \
+                "$ROOT/recipes/bench/deploy.sh" --model teacher "$TEACHER" "$TEACHER_DATA" \
+                --model student "$AVG_CKPT" "$DATA_BIN")"
     fi
 }
 
@@ -262,7 +264,7 @@ if [ -f "$TEACHER" ]; then K_TEACHER=$(key "$K_TEACHER" "$(sha256sum < "$TEACHER
 K_DISTILL=$(key distill "$K_TEACHER" "$BEAM_DISTILL" "$LENPEN")
 K_DATA=$(key data "$K_DISTILL" "$MIX_ORIGINAL")
 K_PREPROCESS=$(key preprocess "$K_DATA")
-K_TRAIN=$(key train "$K_PREPROCESS" "$STUDENT_ARCH" "$EXTRA_TRAIN_ARGS" "$LR" "$WARMUP" "$MAX_TOKENS" "$MAX_UPDATE" \
+K_TRAIN=$(key train "$K_PREPROCESS" "$STUDENT_ARCH" ${EXTRA_TRAIN_ARGS:+"$EXTRA_TRAIN_ARGS"} "$LR" "$WARMUP" "$MAX_TOKENS" "$MAX_UPDATE" \
     "$SAVE_INTERVAL_UPDATES" "$SEED")
 K_AVERAGE=$(key average "$K_TRAIN" "$AVG_N")
 K_SHORTLIST=$(key shortlist "$K_PREPROCESS")

@@ -108,22 +108,22 @@ DEPLOY_ROWS = [
 def test_every_deployment_target_with_its_figure():
     assert _deploy().deploy_targets(DEPLOY_ROWS, ["teacher", "student"]) == [
         # the fastest int8 route of each model per cell: 95 / 30 and 640 / 200
-        "student / teacher, batch 1 (1 thread(s)), the fastest int8 engine of each (nmtkit int8, ONNX int8): "
-        "3.17x (target >= 3x: met)",
-        "student / teacher, batch 128 (2 thread(s)), the fastest int8 engine of each (nmtkit int8, nmtkit int8): "
-        "3.20x (target >= 3x: met)",
+        "student / teacher, batch 1 (1 thread(s)), the fastest int8 route of each (nmtkit int8, ONNX int8): "
+        "3.167x (target >= 3x: met)",
+        "student / teacher, batch 128 (2 thread(s)), the fastest int8 route of each (nmtkit int8, nmtkit int8): "
+        "3.200x (target >= 3x: met)",
         # those routes at the largest batch: 34.20 - 35.30
         "BLEU of student (nmtkit int8) 34.20 against teacher's (nmtkit int8) 35.30: -1.10 (target >= -1.0: NOT met)",
         # 195 / 150, 35.16 - 35.26; 210 / 160, 35.00 - 35.10
-        "teacher, batch 128 (2 thread(s)): CTranslate2 int8_float32 + vmap / CTranslate2 int8_float32 = 1.31x "
+        "teacher, batch 128 (2 thread(s)): CTranslate2 int8_float32 + vmap / CTranslate2 int8_float32 = 1.312x "
         "(target >= 1.3x: met), BLEU -0.10 (target >= -0.2: met)",
-        "teacher, batch 128 (2 thread(s)): ONNX int8 + shortlist / ONNX int8 = 1.30x (target >= 1.3x: met), "
+        "teacher, batch 128 (2 thread(s)): ONNX int8 + shortlist / ONNX int8 = 1.300x (target >= 1.3x: met), "
         "BLEU -0.10 (target >= -0.2: met)",
-        "teacher, batch 128 (2 threads): ONNX int8 / CTranslate2 int8_float32 = 0.94x (target >= 1.0x: NOT met)",
+        "teacher, batch 128 (2 threads): ONNX int8 / CTranslate2 int8_float32 = 0.938x (target >= 1.0x: NOT met)",
         "teacher, batch 128 (2 threads): the fastest nmtkit route with the shortlist (ONNX int8 + shortlist) / "
-        "CTranslate2 int8_float32 + vmap = 0.93x (target >= 1.0x: NOT met)",
+        "CTranslate2 int8_float32 + vmap = 0.929x (target >= 1.0x: NOT met)",
         # 830 / 640 = 1.297: just under; 34.00 - 34.20 = -0.20: at the bound
-        "student, batch 128 (2 thread(s)): nmtkit int8 + shortlist / nmtkit int8 = 1.30x (target >= 1.3x: NOT met), "
+        "student, batch 128 (2 thread(s)): nmtkit int8 + shortlist / nmtkit int8 = 1.297x (target >= 1.3x: NOT met), "
         "BLEU -0.20 (target >= -0.2: met)",
     ]
 
@@ -131,9 +131,22 @@ def test_every_deployment_target_with_its_figure():
 def test_deployment_targets_without_their_rows_are_left_out():
     teacher_only = [r for r in DEPLOY_ROWS if r["model"] == "teacher" and "CTranslate2" not in r["route"]]
     assert _deploy().deploy_targets(teacher_only, ["teacher"]) == [
-        "teacher, batch 128 (2 thread(s)): ONNX int8 + shortlist / ONNX int8 = 1.30x (target >= 1.3x: met), "
+        "teacher, batch 128 (2 thread(s)): ONNX int8 + shortlist / ONNX int8 = 1.300x (target >= 1.3x: met), "
         "BLEU -0.10 (target >= -0.2: met)"]
     assert _deploy().deploy_targets([], ["teacher", "student"]) == []
+
+
+def test_a_student_is_compared_on_the_routes_both_models_ran_and_a_missing_bleu_is_said():
+    # the teacher has no CTranslate2 row (its export failed): the student's faster CTranslate2 is not used
+    rows = [_drow("teacher", 1, 1, "nmtkit int8", 100.0, 35.0), _drow("student", 1, 1, "nmtkit int8", 200.0, float("nan")),
+            _drow("student", 1, 1, "CTranslate2 int8_float32", 320.0, 34.5),
+            _drow("student", 1, 1, "nmtkit int8 + shortlist", 210.0, 34.4)]
+    assert _deploy().deploy_targets(rows, ["teacher", "student"]) == [
+        "student / teacher, batch 1 (1 thread(s)), the fastest int8 route of each (nmtkit int8, nmtkit int8): "
+        "2.000x (target >= 3x: NOT met)",
+        "BLEU of student (nmtkit int8) nan against teacher's (nmtkit int8) 35.00: no BLEU (missing lines)",
+        "student, batch 1 (1 thread(s)): nmtkit int8 + shortlist / nmtkit int8 = 1.050x (target >= 1.3x: NOT met), "
+        "BLEU unknown (missing lines)"]
 
 
 def test_the_deployment_table_has_a_row_per_model_and_route():
@@ -147,17 +160,24 @@ def test_the_deployment_table_has_a_row_per_model_and_route():
 
 
 def test_the_size_of_nmtkit_route_is_the_checkpoint_with_what_it_loads_from_the_data_directory(tmp_path):
+    import json
+
     bench = _bench()
     data = tmp_path / "data"
     data.mkdir()
-    for name, size in (("dict.de.txt", 100), ("spm.model", 2000), ("manifest.json", 50), ("train.de.000.bin", 10**6),
-                       ("train.de.000.idx", 1000), (".nmtkit-verified.json", 30)):
+    manifest = {"source_lang": "de", "target_lang": "en",
+                "dictionaries": {"de": {"file": "dict.de.txt"}, "en": {"file": "dict.en.txt"}},
+                "subword": {"files": {"de": "spm.model", "en": "spm.model"}}}
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    for name, size in (("dict.de.txt", 100), ("dict.en.txt", 200), ("spm.model", 2000), ("train.de.000.bin", 10**6),
+                       ("train.de.000.idx", 1000), (".nmtkit-verified.json", 30), ("shortlist.txt", 5000)):
         (data / name).write_bytes(b"x" * size)
     ckpt = tmp_path / "m.pt"
     ckpt.write_bytes(b"x" * 2**20)
     files = bench.native_files(str(ckpt), str(data))
-    assert [f.name for f in files] == ["m.pt", "dict.de.txt", "manifest.json", "spm.model"]  # no shards
-    assert bench.size_mib(files) == (2**20 + 2150) / 2**20
+    # what an export copies: no shards, no shortlist that happens to lie there, the joint model once
+    assert [f.name for f in files] == ["m.pt", "manifest.json", "dict.de.txt", "spm.model", "dict.en.txt"]
+    assert bench.size_mib(files) == (2**20 + len(json.dumps(manifest)) + 2300) / 2**20
     export = tmp_path / "export"
     (export / "sub").mkdir(parents=True)
     (export / "model.bin").write_bytes(b"x" * 3000)

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -55,20 +56,27 @@ def deploy_targets(rows: list[dict], models: list[str]) -> list[str]:
         cands = [by[(model, *cell, x)] for x in routes if (model, *cell, x) in by]
         return max(cands, key=lambda r: r["decode_sent_s"]) if cands else None
 
+    def bleu_diff(a: dict, b: dict) -> float | None:
+        """a's BLEU minus b's, as printed (two decimals); None when one has no BLEU (missing lines)."""
+        if math.isnan(a["bleu"]) or math.isnan(b["bleu"]):
+            return None
+        return round(a["bleu"], 2) - round(b["bleu"], 2)
+
     teacher = models[0]
     for student in models[1:]:
         for cell in cells:
-            s, t = fastest(student, cell, INT8), fastest(teacher, cell, INT8)
+            # among the int8 routes both models ran (an export that failed for one is not compared)
+            both = [x for x in INT8 if (student, *cell, x) in by and (teacher, *cell, x) in by]
+            s, t = fastest(student, cell, both), fastest(teacher, cell, both)
             if s and t:
                 x = s["decode_sent_s"] / t["decode_sent_s"]
-                out.append(f"{student} / {teacher}, batch {cell[1]} ({cell[0]} thread(s)), the fastest int8 engine of "
-                           f"each ({s['route']}, {t['route']}): {x:.2f}x (target >= 3x: {_ok(x >= 3)})")
-        if cells:
-            s, t = fastest(student, cells[-1], INT8), fastest(teacher, cells[-1], INT8)
-            if s and t and not (math.isnan(s["bleu"]) or math.isnan(t["bleu"])):
-                d = round(s["bleu"], 2) - round(t["bleu"], 2)
+                out.append(f"{student} / {teacher}, batch {cell[1]} ({cell[0]} thread(s)), the fastest int8 route of "
+                           f"each ({s['route']}, {t['route']}): {x:.3f}x (target >= 3x: {_ok(x >= 3)})")
+            if cell == cells[-1] and s and t:
+                d = bleu_diff(s, t)
                 out.append(f"BLEU of {student} ({s['route']}) {s['bleu']:.2f} against {teacher}'s ({t['route']}) "
-                           f"{t['bleu']:.2f}: {d:+.2f} (target >= -1.0: {_ok(d >= -1.0 - 1e-9)})")
+                           f"{t['bleu']:.2f}: " + ("no BLEU (missing lines)" if d is None else
+                                                   f"{d:+.2f} (target >= -1.0: {_ok(d >= -1.0 - 1e-9)})"))
     if not cells:
         return out
     big = cells[-1]
@@ -76,20 +84,20 @@ def deploy_targets(rows: list[dict], models: list[str]) -> list[str]:
         for plain, sl in WITH_SHORTLIST.items():
             p, q = by.get((model, *big, plain)), by.get((model, *big, sl))
             if p and q:
-                x = q["decode_sent_s"] / p["decode_sent_s"]
-                d = round(q["bleu"], 2) - round(p["bleu"], 2)
-                out.append(f"{model}, batch {big[1]} ({big[0]} thread(s)): {sl} / {plain} = {x:.2f}x (target >= 1.3x: "
-                           f"{_ok(x >= 1.3)}), BLEU {d:+.2f} (target >= -0.2: {_ok(d >= -0.2 - 1e-9)})")
+                x, d = q["decode_sent_s"] / p["decode_sent_s"], bleu_diff(q, p)
+                out.append(f"{model}, batch {big[1]} ({big[0]} thread(s)): {sl} / {plain} = {x:.3f}x (target >= 1.3x: "
+                           f"{_ok(x >= 1.3)}), BLEU " + ("unknown (missing lines)" if d is None else
+                                                         f"{d:+.2f} (target >= -0.2: {_ok(d >= -0.2 - 1e-9)})"))
         o, c = by.get((model, 2, 128, "ONNX int8")), by.get((model, 2, 128, "CTranslate2 int8_float32"))
         if o and c:
             x = o["decode_sent_s"] / c["decode_sent_s"]
-            out.append(f"{model}, batch 128 (2 threads): ONNX int8 / CTranslate2 int8_float32 = {x:.2f}x "
+            out.append(f"{model}, batch 128 (2 threads): ONNX int8 / CTranslate2 int8_float32 = {x:.3f}x "
                        f"(target >= 1.0x: {_ok(x >= 1.0)})")
         b, c = fastest(model, (2, 128), NMTKIT_SHORTLIST), by.get((model, 2, 128, "CTranslate2 int8_float32 + vmap"))
         if b and c:
             x = b["decode_sent_s"] / c["decode_sent_s"]
             out.append(f"{model}, batch 128 (2 threads): the fastest nmtkit route with the shortlist ({b['route']}) / "
-                       f"CTranslate2 int8_float32 + vmap = {x:.2f}x (target >= 1.0x: {_ok(x >= 1.0)})")
+                       f"CTranslate2 int8_float32 + vmap = {x:.3f}x (target >= 1.0x: {_ok(x >= 1.0)})")
     return out
 
 
@@ -129,14 +137,17 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--lenpen", type=float, default=0.6)
-    ap.add_argument("--systems", default=",".join(ROUTES))
+    ap.add_argument("--systems", default=",".join(ROUTES), help="routes (default: all; those with -sl or -vmap "
+                    "need --shortlist)")
     ap.add_argument("--extra", default="", help="more `nmtkit generate` flags, space-separated")
     a = ap.parse_args()
     a.baseline, a.export_pythonpath = "", None  # what generate_bench's systems read besides these
 
     names = [m[0] for m in a.model]
-    if len(set(names)) != len(names) or any(not n or ":" in n for n in names):
-        sys.exit(f"[bench] --model names must be distinct and without ':', got {names}")
+    # a name is a folder of the work directory and part of file names: plain, and distinct in any case
+    if any(not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", n) for n in names) or \
+            len({n.lower() for n in names}) != len(names):
+        sys.exit(f"[bench] --model names: letters, digits, '_', '-', '.' (not first), distinct in any case; got {names}")
     wanted = [s for s in a.systems.split(",") if s]
     if unknown := [s for s in wanted if s not in ROUTES]:
         sys.exit(f"[bench] unknown system(s) {unknown}: choose from {','.join(ROUTES)}")

@@ -21,7 +21,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_bench import read_ref, run_once  # noqa: E402
+from generate_bench import SUMMARY, read_lines, run_timed  # noqa: E402
+
+
+def run_once(cmd: list[str], env: dict, cwd: Path) -> dict:
+    """One `nmtkit generate` run: process and search seconds, sentences, peak RSS (MiB)."""
+    wall, rss, _, err = run_timed(cmd, env, cwd)
+    m = SUMMARY.search(err)
+    if not m:
+        sys.exit(f"[bench] no summary line from {' '.join(cmd)}:\n{err[-3000:]}")
+    n = int(m.group(1).replace(",", ""))
+    return {"wall_s": wall, "search_s": n / float(m.group(3).replace(",", "")), "sentences": n, "peak_rss_mib": rss}
 
 
 def main() -> None:
@@ -40,7 +50,9 @@ def main() -> None:
 
     import sacrebleu
 
-    work = Path(a.work)
+    # absolute: the runs start in the work folder (run_timed: a checkout's folder would shadow nmtkit)
+    a.data, a.ckpt, a.src = (str(Path(x).resolve()) for x in (a.data, a.ckpt, a.src))
+    work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     nmtkit = [sys.executable, "-m", "nmtkit"]
     exports = {}
@@ -48,7 +60,7 @@ def main() -> None:
         exports[q] = work / f"ct2-{q}"
         subprocess.run([*nmtkit, "export", a.data, "--path", a.ckpt, "--output", str(exports[q]),
                         "--quantization", q, "--force"], check=True)
-    refs = read_ref(Path(a.ref))
+    refs = read_lines(Path(a.ref))
     search = ["--beam", str(a.beam), "--lenpen", str(a.lenpen), "--lenpen-form", "fairseq",
               "--max-len-a", "0", "--max-len-b", "256", "--device", "cpu", "--input", a.src]
     runtimes = {"native": [a.data, "--path", a.ckpt, "--early-stop", "beam"],
@@ -63,7 +75,7 @@ def main() -> None:
             cmd = [*nmtkit, "generate", *runtimes[rt], *search, "--batch-size", str(bs), "--threads", str(th),
                    "--output", str(out)]
             env = dict(os.environ, OMP_NUM_THREADS=str(th), MKL_NUM_THREADS=str(th))
-            res = run_once(cmd, env)
+            res = run_once(cmd, env, work)
             results[(bs, th, rt)].append(res)
             print(f"[bench] round {r + 1}/{a.runs} batch {bs} threads {th} {rt}: {res['wall_s']:.1f}s process, "
                   f"{res['search_s']:.1f}s search", flush=True)

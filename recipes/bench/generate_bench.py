@@ -77,9 +77,11 @@ def size_mib(paths: list[Path]) -> float:
 
 def native_files(ckpt: str, data: str) -> list[Path]:
     """What nmtkit's own search loads to translate text: the checkpoint, and the data directory's
-    dictionaries, manifest and subword model (not its binarized shards)."""
-    return [Path(ckpt)] + sorted(f for f in Path(data).iterdir()
-                                 if f.is_file() and f.suffix not in (".bin", ".idx") and not f.name.startswith("."))
+    manifest, dictionaries and subword model (what an export copies; not the binarized shards)."""
+    from nmtkit.backends.directory import data_files
+
+    manifest = Path(data) / "manifest.json"
+    return [Path(ckpt), manifest] + [Path(data) / name for name in data_files(json.loads(manifest.read_text()))]
 
 
 class System:
@@ -263,7 +265,7 @@ def make_systems(a, wanted: list[str], work: Path, src: Path, search: list[str],
                 continue
             out = export("ctranslate2", q, sl, a.export_pythonpath)
             if isinstance(out, str):
-                print(f"[bench] no CTranslate2 side: `nmtkit export` failed: {out}", flush=True)
+                print(f"[bench] {prefix}no CTranslate2 side: `nmtkit export` failed: {out}", flush=True)
                 wanted = [s for s in wanted if not s.startswith("ct2")]
                 break
             exports[q, sl] = out
@@ -275,7 +277,7 @@ def make_systems(a, wanted: list[str], work: Path, src: Path, search: list[str],
                 continue
             out = export("onnx", q, sl)
             if isinstance(out, str):
-                sys.exit(f"[bench] nmtkit export --format onnx failed: {out}")
+                sys.exit(f"[bench] {prefix}nmtkit export --format onnx failed: {out}")
             onnx_exports[(q, True) if sl else q] = out
 
     def onnx(q: str, shortlist: bool = False):
@@ -389,6 +391,7 @@ def main() -> None:
     ap.add_argument("--export-pythonpath", default=None,
                     help="PYTHONPATH for the `nmtkit export` step only (a checkout that has the command)")
     a = ap.parse_args()
+    import sacrebleu  # noqa: F401  (scores the rows; missing, it stops here, before any export)
 
     # absolute: the runs start in the work folder (see run_timed)
     a.data, a.ckpt = str(Path(a.data).resolve()), str(Path(a.ckpt).resolve())
