@@ -691,3 +691,22 @@ def test_distill_smoke(tmp_path, quickstart_smoke):
     assert r2.returncode == 0 and r2.stderr.count("up to date") == 8, r2.stderr[-3000:]
     assert (work / "shortlist.txt").read_text(encoding="utf-8").startswith("\t")  # the always-list first
     assert DISTILL_ROW.findall(r2.stdout) == rows
+    # the deploy bench's command, as printed for this teacher and student, runs: nmtkit int8 and the
+    # shortlist routes of the three engines (each export made with the shortlist), one cell
+    cmd = [line.split("size on disk: ", 1)[1] for line in r2.stderr.splitlines() if "recipes/bench/deploy.sh" in line]
+    assert len(cmd) == 1 and f"--model student {work / 'checkpoints' / 'average_last2.pt'}" in cmd[0], r2.stderr[-2000:]
+    bench = tmp_path / "deploy"
+    r3 = _run(["bash", "-c", cmd[0]], dict(env, SYSTEMS="nmtkit-int8,nmtkit-int8-sl,ct2-int8-vmap,onnx-int8-sl", CELLS="1x16",
+                                         BENCH_DIR=str(bench)))
+    assert r3.returncode == 0, r3.stderr[-3000:] + r3.stdout[-3000:]
+    table = [line for line in r3.stdout.splitlines() if line.startswith(("| teacher |", "| student |"))]
+    assert [line.split(" | ")[:2] for line in table] == [
+        [f"| {who}", route] for who in ("teacher", "student")
+        for route in ("nmtkit int8", "nmtkit int8 + shortlist", "CTranslate2 int8_float32 + vmap",
+                      "ONNX int8 + shortlist")]
+    assert "(50 sentences)" in r3.stdout  # the recipe's TEST_LINES
+    targets = [line for line in r3.stdout.splitlines() if line.startswith("- ")]
+    assert targets[0].startswith("- student / teacher, batch 16 (1 thread(s)), the fastest int8 route of each "
+                                 "(nmtkit int8, nmtkit int8): "), r3.stdout
+    assert sum(line.startswith(f"- {who}, batch 16 (1 thread(s)): nmtkit int8 + shortlist / nmtkit int8 = ")
+               for line in targets for who in ("teacher", "student")) == 2, r3.stdout
