@@ -66,11 +66,11 @@ BEAM_DISTILL=${BEAM_DISTILL:-4}
 # source, and the evaluation's): fairseq's by default. With the paper's (DECODING=paper, the
 # quickstart's) the quickstart's model stops early (brevity penalty 0.87 on test_2016_flickr),
 # and a student trained on those translations learns to stop earlier still (docs/archs.md,
-# "Deployment").
+# "Students of the quickstart's model, measured").
 DECODING=${DECODING:-fairseq}
 # The student: a larger learning rate than the paper's for a small model on small data, with
-# fairseq's inverse_sqrt schedule (as the quickstart); no dropout or label smoothing in the
-# student shapes' own defaults (distilled targets are already smooth; Bergamot's recipe).
+# fairseq's inverse_sqrt schedule (as the quickstart); dropout and label smoothing are the student
+# shape's own (none for transformer_student_tiny, as in Bergamot's recipe; 0.1 for the Kasai shapes).
 LR=${LR:-$(s 5e-3 1e-3)}
 WARMUP=${WARMUP:-$(s 50 400)}
 MAX_TOKENS=${MAX_TOKENS:-$(s 1024 2048)}
@@ -229,7 +229,8 @@ show_table() {
     fi
     if [ -f "$TEACHER" ]; then  # one checkpoint (not an ensemble or an export): it can be exported
         say "every engine (CTranslate2, ONNX Runtime), peak RSS and size on disk:" \
-            "$(printf '%q ' NMTKIT_DATA="$RAW_DIR" SHORTLIST="$SHORTLIST" LIMIT="$TEST_LINES" bash \
+            "$(printf '%q ' NMTKIT_DATA="$RAW_DIR" SHORTLIST="$SHORTLIST" LIMIT="$TEST_LINES" BEAM="$BEAM" \
+                LENPEN="$LENPEN" bash \
                 "$ROOT/recipes/bench/deploy.sh" --model teacher "$TEACHER" "$TEACHER_DATA" \
                 --model student "$AVG_CKPT" "$DATA_BIN")"
     fi

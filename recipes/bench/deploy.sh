@@ -21,7 +21,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . recipes/lib/env.sh
-nmtkit_env ctranslate2,onnx
+nmtkit_env
+# the engines (the test extra has them; install the two extras only where they are missing)
+python -c 'import ctranslate2, onnx, onnxruntime' 2>/dev/null || nmtkit_env ctranslate2,onnx
 m30k=${NMTKIT_DATA:-$(pwd)/../shared/data/multi30k}
 src=$m30k/test_2016_flickr.de; [ -f "$src" ] || src=$src.gz
 ref=$m30k/test_2016_flickr.en; [ -f "$ref" ] || ref=$ref.gz
