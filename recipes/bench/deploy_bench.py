@@ -15,7 +15,6 @@ Called by recipes/bench/deploy.sh, which documents the settings.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -23,10 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("generate_bench", HERE / "generate_bench.py")
-gb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gb)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import generate_bench as gb  # noqa: E402
 
 ROUTES = ("nmtkit", "nmtkit-sl", "nmtkit-int8", "nmtkit-int8-sl", "ct2", "ct2-vmap", "ct2-int8", "ct2-int8-vmap",
           "onnx", "onnx-sl", "onnx-int8", "onnx-int8-sl")
@@ -157,16 +154,26 @@ def main() -> None:
         cells = [(int(t), int(b)) for t, b in (c.split("x") for c in a.cells.split(","))]
     except ValueError:
         sys.exit(f"[bench] --cells: THREADSxBATCH,..., e.g. 1x1,2x128; got {a.cells!r}")
+    # what is missing, said before hours of exports and runs
+    for name, ckpt, data in a.model:
+        if not Path(ckpt).is_file():
+            sys.exit(f"[bench] --model {name}: no checkpoint {ckpt}")
+        if not (Path(data) / "manifest.json").is_file():
+            sys.exit(f"[bench] --model {name}: {data} is not a data directory (no manifest.json)")
+    for flag, path in (("--src", a.src), ("--ref", a.ref), ("--shortlist", a.shortlist)):
+        if path and not Path(path).is_file():
+            sys.exit(f"[bench] {flag}: no file {path}")
     a.shortlist = str(Path(a.shortlist).resolve()) if a.shortlist else ""
-    work = Path(a.work).resolve()
-    work.mkdir(parents=True, exist_ok=True)
     src_lines, refs = gb.read_lines(Path(a.src)), gb.read_lines(Path(a.ref))
     if a.limit:
         src_lines, refs = src_lines[: a.limit], refs[: a.limit]
+    if not src_lines or len(src_lines) != len(refs):
+        sys.exit(f"[bench] --src has {len(src_lines)} lines and --ref {len(refs)}: they must be as many, and some")
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
     src = work / "src.txt"
     src.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
-    search = ["--beam", str(a.beam), "--lenpen", str(a.lenpen), "--lenpen-form", "fairseq",
-              "--early-stop", "beam", "--max-len-a", "0", "--max-len-b", "256"]
+    search = gb.search_flags(a.beam, a.lenpen)
 
     systems, owner = [], {}
     for name, ckpt, data in a.model:

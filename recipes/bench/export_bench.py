@@ -21,17 +21,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_bench import SUMMARY, read_lines, run_timed  # noqa: E402
+from generate_bench import parse_summary, read_lines, run_timed  # noqa: E402
 
 
 def run_once(cmd: list[str], env: dict, cwd: Path) -> dict:
     """One `nmtkit generate` run: process and search seconds, sentences, peak RSS (MiB)."""
     wall, rss, _, err = run_timed(cmd, env, cwd)
-    m = SUMMARY.search(err)
-    if not m:
-        sys.exit(f"[bench] no summary line from {' '.join(cmd)}:\n{err[-3000:]}")
-    n = int(m.group(1).replace(",", ""))
-    return {"wall_s": wall, "search_s": n / float(m.group(3).replace(",", "")), "sentences": n, "peak_rss_mib": rss}
+    n, _, search_s = parse_summary(err, " ".join(cmd))
+    return {"wall_s": wall, "search_s": search_s, "sentences": n, "peak_rss_mib": rss}
 
 
 def main() -> None:

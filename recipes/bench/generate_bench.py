@@ -45,6 +45,22 @@ SHORTLIST_PAIRS = (("nmtkit fp32 + shortlist", "nmtkit fp32"), ("nmtkit int8 + s
                    ("ONNX int8 + shortlist", "CTranslate2 int8_float32 + vmap"))
 
 
+def search_flags(beam: int, lenpen: float) -> list[str]:
+    """The search every bench runs, CTranslate2's own: |Y|^alpha length penalty, fairseq's stopping
+    rule, output limit 256 tokens."""
+    return ["--beam", str(beam), "--lenpen", str(lenpen), "--lenpen-form", "fairseq",
+            "--early-stop", "beam", "--max-len-a", "0", "--max-len-b", "256"]
+
+
+def parse_summary(err: str, who: str) -> tuple[int, int, float]:
+    """(sentences, target tokens, search seconds) from `nmtkit generate`'s summary line on stderr."""
+    m = SUMMARY.search(err)
+    if not m:
+        sys.exit(f"[bench] no summary line from {who}:\n{err[-3000:]}")
+    sents, toks = int(m.group(1).replace(",", "")), int(m.group(2).replace(",", ""))
+    return sents, toks, sents / float(m.group(3).replace(",", ""))
+
+
 def run_timed(cmd: list[str], env: dict, cwd: Path, stdin=None) -> tuple[float, float, str, str]:
     """(wall seconds, peak RSS MiB (the process's own, from wait4), stdout, stderr) of one process.
 
@@ -101,11 +117,7 @@ class System:
         cmd, kind = self.make(bs, threads, hyp)
         wall, rss, out, err = run_timed(cmd, self.env(threads), hyp.parent)
         if kind == "nmtkit":
-            m = SUMMARY.search(err)
-            if not m:
-                sys.exit(f"[bench] no summary line from {self.label}:\n{err[-3000:]}")
-            sents, toks = int(m.group(1).replace(",", "")), int(m.group(2).replace(",", ""))
-            decode = sents / float(m.group(3).replace(",", ""))
+            sents, toks, decode = parse_summary(err, self.label)
         else:
             d = json.loads(out.strip().splitlines()[-1])
             sents, toks, decode = d["sentences"], d["tokens"], d["translate_s"]
@@ -408,8 +420,7 @@ def main() -> None:
     if "baseline" in wanted and not a.baseline:
         sys.exit("[bench] system 'baseline' needs --baseline DIR (another nmtkit checkout)")
 
-    search = ["--beam", str(a.beam), "--lenpen", str(a.lenpen), "--lenpen-form", "fairseq",
-              "--early-stop", "beam", "--max-len-a", "0", "--max-len-b", "256"]
+    search = search_flags(a.beam, a.lenpen)
 
     if any(s.endswith(("-sl", "-vmap")) for s in wanted) and not a.shortlist:
         sys.exit("[bench] the *-sl and *-vmap systems need --shortlist FILE (nmtkit shortlist DATA_DIR)")
