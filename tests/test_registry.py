@@ -87,37 +87,36 @@ def test_every_entry_is_valid_and_documented():
 
 # ---- students ---------------------------------------------------------------------------------------
 
-# name -> (encoder layers, decoder layers, d_model, d_ff, heads, dropout, label smoothing, warmup)
+# name -> the fields in which the student differs from transformer_base
 STUDENTS = {
-    "transformer_student_6_1": (6, 1, 512, 2048, 8, 0.1, 0.1, 4000),
-    "transformer_student_12_1": (12, 1, 512, 2048, 8, 0.1, 0.1, 4000),
-    "transformer_student_tiny": (6, 2, 256, 1536, 8, 0.0, 0.0, 16000),
+    "transformer_student_6_1": {"decoder_layers": 1},
+    "transformer_student_12_1": {"encoder_layers": 12, "decoder_layers": 1},
+    "transformer_student_tiny": {"decoder_layers": 2, "d_model": 256, "d_ff": 1536, "dropout": 0.0,
+                                 "label_smoothing": 0.0, "warmup_steps": 16000},
+    "transformer_student_6_1_small": {"decoder_layers": 1, "d_model": 128, "d_ff": 512, "heads": 4,
+                                      "normalize_before": True},
 }
 
 
 @pytest.mark.parametrize("name", list(STUDENTS))
 def test_student_shapes(name):
+    """Each student is base with its own fields changed and every other one as base: sinusoids,
+    ReLU, no attention biases, all embeddings tied, heads of d_model / heads."""
     cfg = get_arch(name)
-    got = (cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff, cfg.heads, cfg.dropout,
-           cfg.label_smoothing, cfg.warmup_steps)
-    assert got == STUDENTS[name]
-    # every other field as base: post-norm, sinusoids, ReLU, no attention biases, all embeddings tied
-    shaped = {"encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "dropout", "label_smoothing",
-              "warmup_steps"}
     for f in dataclasses.fields(ArchConfig):
-        if f.name not in shaped:
-            assert getattr(cfg, f.name) == getattr(BASE, f.name), (name, f.name)
-    assert cfg.head_dim_k == cfg.head_dim_v == cfg.d_model // 8
+        assert getattr(cfg, f.name) == STUDENTS[name].get(f.name, getattr(BASE, f.name)), (name, f.name)
+    assert cfg.head_dim_k == cfg.head_dim_v == cfg.d_model // cfg.heads
 
 
-def _hand_count(vocab: int, enc: int, dec: int, d: int, ff: int) -> int:
-    """Parameters of a post-norm model with bias-free attention and one tied embedding matrix."""
+def _hand_count(vocab: int, enc: int, dec: int, d: int, ff: int, pre_norm: bool = False) -> int:
+    """Parameters of a model with bias-free attention and one tied embedding matrix; pre-norm adds
+    one final LayerNorm after each stack."""
     attention = 4 * d * d  # W^Q, W^K, W^V, W^O, each d x d (h heads of d/h)
     feed_forward = d * ff + ff + ff * d + d  # W1, b1, W2, b2
     layer_norm = 2 * d  # gain and bias
     encoder_layer = attention + feed_forward + 2 * layer_norm
     decoder_layer = 2 * attention + feed_forward + 3 * layer_norm  # self- and cross-attention
-    return vocab * d + enc * encoder_layer + dec * decoder_layer
+    return vocab * d + enc * encoder_layer + dec * decoder_layer + (2 * layer_norm if pre_norm else 0)
 
 
 @pytest.mark.parametrize("vocab", [32000, 8000])
@@ -127,9 +126,13 @@ def test_student_parameter_counts_match_the_hand_count(vocab):
     assert count_parameters(get_arch("transformer_student_6_1"), vocab) == _hand_count(vocab, 6, 1, 512, 2048)
     assert count_parameters(get_arch("transformer_student_12_1"), vocab) == _hand_count(vocab, 12, 1, 512, 2048)
     assert count_parameters(get_arch("transformer_student_tiny"), vocab) == _hand_count(vocab, 6, 2, 256, 1536)
+    assert count_parameters(get_arch("transformer_student_6_1_small"), vocab) == _hand_count(
+        vocab, 6, 1, 128, 512, pre_norm=True)
     # the per-layer figures written out for one student: d 256, d_ff 1536
     assert _hand_count(0, 1, 0, 256, 1536) == 262_144 + 788_224 + 1_024
     assert _hand_count(0, 0, 1, 256, 1536) == 524_288 + 788_224 + 1_536
+    # and the two final LayerNorms of a pre-norm model at d 128
+    assert _hand_count(0, 0, 0, 128, 512, pre_norm=True) == 512
 
 
 @pytest.mark.parametrize("name", list(STUDENTS))
@@ -145,7 +148,8 @@ def test_student_runs_a_forward_pass(name):
     with torch.no_grad():
         logits = model(src, tgt)  # (B, T, V)
     assert logits.shape == (2, 3, 11) and torch.isfinite(logits).all()
-    assert len(model.encoder_layers) == STUDENTS[name][0] and len(model.decoder_layers) == STUDENTS[name][1]
+    layers = {k: STUDENTS[name].get(k, getattr(BASE, k)) for k in ("encoder_layers", "decoder_layers")}
+    assert (len(model.encoder_layers), len(model.decoder_layers)) == (layers["encoder_layers"], layers["decoder_layers"])
 
 
 # ---- docs/archs.md ----------------------------------------------------------------------------------

@@ -429,6 +429,13 @@ _ENTRIES: dict[str, tuple[ArchConfig, str]] = {
                      dropout=0.0, label_smoothing=0.0, warmup_steps=16000),
         "not in the paper: student, Bergamot's tiny11 (its SSRU decoder as self-attention)",
     ),
+    # The student measured against the quickstart's model (docs/archs.md): 6+1 at a quarter of
+    # base's width. Pre-norm, because the post-norm 6+1 and 6+2 shapes at this width failed to
+    # learn from that teacher's translations with the distillation recipe's schedule.
+    "transformer_student_6_1_small": (
+        BASE.replace(decoder_layers=1, d_model=128, d_ff=512, heads=4, normalize_before=True),
+        "not in the paper: student of the quickstart's model, 6+1, d_model 128, pre-norm",
+    ),
 }
 
 ARCHS: dict[str, ArchConfig] = {name: cfg for name, (cfg, _) in _ENTRIES.items()}
