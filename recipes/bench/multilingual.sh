@@ -15,7 +15,9 @@
 # first TEST_LINES lines of test_2016_flickr.de with each model (--target-lang en but for the
 # bilingual one), beam 4, every output exactly OUT_LEN tokens long (--min-len = --max-len-b,
 # --max-len-a 0), so that the searches do the same work but for the tag: sentences per second of
-# the search (generate's summary line) and per CPU second of the whole process.
+# the search (generate's summary line) and per CPU second of the whole process. Each round
+# trains the three models, then they decode in turn GEN_RUNS times (each round's row: the medians
+# of its runs), so that decoding's smaller differences stand out of a shared machine's drift.
 # The 12-direction set is another mix of sentence lengths (its targets are in four languages, its
 # sources segmented by a 4-language vocabulary), so its ratio holds more than the tags' cost; the
 # tagged one differs from the bilingual one by the tags and the code path only.
@@ -24,7 +26,7 @@
 # Environment (defaults):
 #   NMTKIT_DATA   folder with {train,val,test_2016_flickr}.{de,en,fr,cs}.gz  (../shared/data/multi30k)
 #   BENCH_DIR     work folder                            ($HOME/.cache/nmtkit-bench/multilingual)
-#   ROUNDS=3 MAX_UPDATE=100 LOG_INTERVAL=25 THREADS=1 VOCAB_SIZE=8000 TEST_LINES=1000 OUT_LEN=20
+#   ROUNDS=3 GEN_RUNS=1 MAX_UPDATE=100 LOG_INTERVAL=25 THREADS=1 VOCAB_SIZE=8000 TEST_LINES=1000 OUT_LEN=20
 #   D_MODEL=256 D_FF=1024 (the quickstart's model, 3+3 layers, 4 heads; 128 and 512: MODEL_SIZE=small's)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -34,10 +36,10 @@ nmtkit_env
 
 DATA=${NMTKIT_DATA:-$ROOT/../shared/data/multi30k}
 BENCH_DIR=${BENCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nmtkit-bench/multilingual}
-ROUNDS=${ROUNDS:-3} MAX_UPDATE=${MAX_UPDATE:-100} LOG_INTERVAL=${LOG_INTERVAL:-25} THREADS=${THREADS:-1}
+ROUNDS=${ROUNDS:-3} MAX_UPDATE=${MAX_UPDATE:-100} LOG_INTERVAL=${LOG_INTERVAL:-25} THREADS=${THREADS:-1} GEN_RUNS=${GEN_RUNS:-1}
 VOCAB_SIZE=${VOCAB_SIZE:-8000} TEST_LINES=${TEST_LINES:-1000} OUT_LEN=${OUT_LEN:-20}
 D_MODEL=${D_MODEL:-256} D_FF=${D_FF:-1024}
-for v in ROUNDS MAX_UPDATE LOG_INTERVAL THREADS VOCAB_SIZE TEST_LINES OUT_LEN D_MODEL D_FF; do
+for v in ROUNDS GEN_RUNS MAX_UPDATE LOG_INTERVAL THREADS VOCAB_SIZE TEST_LINES OUT_LEN D_MODEL D_FF; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 [ "$MAX_UPDATE" -gt "$LOG_INTERVAL" ] || { echo "MAX_UPDATE must be above LOG_INTERVAL (the first interval is left out)" >&2; exit 2; }
@@ -86,26 +88,39 @@ RESULTS=$BENCH_DIR/results.tsv
 for round in $(seq "$ROUNDS"); do
     for kind in "${KINDS[@]}"; do
         run=$BENCH_DIR/run_$kind
-        rm -rf "$run"
+        rm -rf "$run" "$run".gen*
         cpu "$run.train_cpu" python -m nmtkit train "$BENCH_DIR/$kind" "${ARCH[@]}" "${OPT[@]}" --save-dir "$run" \
             > "$run.log" 2>&1 || { tail -n 20 "$run.log" >&2; exit 1; }
-        lang=(); [ "$kind" = bilingual ] || lang=(--target-lang en)
-        cpu "$run.gen_cpu" python -m nmtkit generate "$BENCH_DIR/$kind" --path "$run/checkpoint_last.pt" "${lang[@]}" \
-            "${GEN[@]}" --output "$run.hyp" 2> "$run.gen.log" || { tail -n 20 "$run.gen.log" >&2; exit 1; }
-        python - "$run" "$round" "$kind" "$LOG_INTERVAL" "$RESULTS" <<'PY'
-import json, re, sys
-run, rnd, kind, first, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    done
+    for g in $(seq "$GEN_RUNS"); do  # the round's models decode in turn, GEN_RUNS times
+        for kind in "${KINDS[@]}"; do
+            run=$BENCH_DIR/run_$kind
+            lang=(); [ "$kind" = bilingual ] || lang=(--target-lang en)
+            cpu "$run.gen$g.cpu" python -m nmtkit generate "$BENCH_DIR/$kind" --path "$run/checkpoint_last.pt" "${lang[@]}" \
+                "${GEN[@]}" --output "$run.hyp" 2> "$run.gen$g.log" || { tail -n 20 "$run.gen$g.log" >&2; exit 1; }
+        done
+    done
+    for kind in "${KINDS[@]}"; do
+        python - "$BENCH_DIR/run_$kind" "$round" "$kind" "$LOG_INTERVAL" "$RESULTS" "$GEN_RUNS" <<'PY'
+import json, re, statistics, sys
+run, rnd, kind, first, out, gen_runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 recs = [r for r in map(json.loads, open(f"{run}/train_log.jsonl", encoding="utf-8")) if r["type"] == "train"]
 late = [r for r in recs if r["update"] > first]
-summary = open(f"{run}.gen.log", encoding="utf-8").read()
-m = re.search(r"translated ([\d,]+) sentences .*search only [\d.]+s: ([\d.,]+) sentences/s", summary)
-if not late or not m:
-    sys.exit(f"[bench] no train records after update {first} in {run}/train_log.jsonl, or no summary in {run}.gen.log")
-train_cpu, gen_cpu = (float(open(f"{run}.{x}_cpu").read()) for x in ("train", "gen"))
+if not late:
+    sys.exit(f"[bench] no train records after update {first} in {run}/train_log.jsonl")
+search, per_cpu = [], []
+for g in range(1, gen_runs + 1):
+    summary = open(f"{run}.gen{g}.log", encoding="utf-8").read()
+    m = re.search(r"translated ([\d,]+) sentences .*search only [\d.]+s: ([\d.,]+) sentences/s", summary)
+    if not m:
+        sys.exit(f"[bench] no summary in {run}.gen{g}.log")
+    search.append(float(m.group(2).replace(",", "")))
+    per_cpu.append(int(m.group(1).replace(",", "")) / float(open(f"{run}.gen{g}.cpu").read()))
+train_cpu = float(open(f"{run}.train_cpu").read())
 wall_rate = sum(r["tgt_tokens"] for r in late) / sum(r["wall_s"] for r in late)
 cpu_rate = sum(r["tgt_tokens"] for r in recs) / train_cpu
-sentences, search_rate = int(m.group(1).replace(",", "")), m.group(2).replace(",", "")  # 1,000 sentences
-row = [rnd, kind, f"{wall_rate:.1f}", f"{cpu_rate:.1f}", search_rate, f"{sentences / gen_cpu:.2f}"]
+med = statistics.median
+row = [rnd, kind, f"{wall_rate:.1f}", f"{cpu_rate:.1f}", f"{med(search):.1f}", f"{med(per_cpu):.2f}"]
 print("  ".join(row))
 open(out, "a", encoding="utf-8").write("\t".join(row) + "\n")
 PY
