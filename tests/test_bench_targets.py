@@ -1,4 +1,4 @@
-"""recipes/bench/generate_bench.py's summary of the issue's speed targets (docs/generate.md, Speed):
+"""recipes/bench/generate_bench.py's summary of the speed targets (docs/generate.md, Speed):
 figures computed from the benchmark's rows by hand."""
 
 from __future__ import annotations

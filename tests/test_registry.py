@@ -96,6 +96,9 @@ STUDENTS = {
     "transformer_student_6_1_small": {"decoder_layers": 1, "d_model": 128, "d_ff": 512, "heads": 4,
                                       "normalize_before": True},
 }
+# name -> per-head query/key and value size: d_model / heads
+HEAD_DIMS = {"transformer_student_6_1": 64, "transformer_student_12_1": 64, "transformer_student_tiny": 32,
+             "transformer_student_6_1_small": 32}
 
 
 @pytest.mark.parametrize("name", list(STUDENTS))
@@ -105,7 +108,16 @@ def test_student_shapes(name):
     cfg = get_arch(name)
     for f in dataclasses.fields(ArchConfig):
         assert getattr(cfg, f.name) == STUDENTS[name].get(f.name, getattr(BASE, f.name)), (name, f.name)
-    assert cfg.head_dim_k == cfg.head_dim_v == cfg.d_model // cfg.heads
+    assert cfg.head_dim_k == cfg.head_dim_v == HEAD_DIMS[name]
+
+
+def test_distill_recipe_default_student_is_a_registry_student():
+    """recipes/distill.sh's full-size default student is an entry here (its --smoke one is
+    transformer_tiny): a renamed entry would otherwise fail only in a full run."""
+    recipe = (Path(__file__).resolve().parents[1] / "recipes" / "distill.sh").read_text(encoding="utf-8")
+    m = re.search(r"^STUDENT_ARCH=\$\{STUDENT_ARCH:-\$\(s (\w+) (\w+)\)\}$", recipe, re.M)
+    assert m, "STUDENT_ARCH's default not found in recipes/distill.sh"
+    assert m.group(1) in ARCHS and m.group(2) in STUDENTS
 
 
 def _hand_count(vocab: int, enc: int, dec: int, d: int, ff: int, pre_norm: bool = False) -> int:

@@ -1,4 +1,4 @@
-"""fp32 search outputs pinned to the ones of the code before the decoding-speed work (issue 13).
+"""fp32 search outputs pinned to the ones of the code before the decoding-speed work.
 
 Why: the decoding loop and the decoder's incremental step are optimised for speed; the other
 search tests check exactness against brute force and a plain reference, but only this one

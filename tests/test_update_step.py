@@ -1,4 +1,4 @@
-"""The training update step, pinned against independent references (issue 22).
+"""The training update step, pinned against independent references.
 
 Why: the trainer's update (micro-batch accumulation, loss normalization, learning rate, clipping,
 loss scaling, NaN skipping, EMA) can be subtly wrong while the loss still falls. Each test here
@@ -603,7 +603,7 @@ def test_out_of_memory_with_several_processes_is_a_user_error(data_dir, tmp_path
 
 
 # ----------------------------------------------------------------------------------------------
-# details of the step that the whole-update references above cannot see (issue 22's survivors)
+# details of the step that the whole-update references above cannot see (mutants they let survive)
 
 
 def test_is_oom_recognizes_the_error_type_without_the_message_on_every_torch(monkeypatch):

@@ -16,8 +16,9 @@
 # bilingual one), beam 4, every output exactly OUT_LEN tokens long (--min-len = --max-len-b,
 # --max-len-a 0), so that the searches do the same work but for the tag: sentences per second of
 # the search (generate's summary line) and per CPU second of the whole process. Each round
-# trains the three models, then they decode in turn GEN_RUNS times (each round's row: the medians
-# of its runs), so that decoding's smaller differences stand out of a shared machine's drift.
+# trains the three models, then they decode in turn GEN_RUNS times, each pass starting one model
+# later (each round's row: the medians of its runs), so that decoding's smaller differences stand
+# out of a machine's drift.
 # The 12-direction set is another mix of sentence lengths (its targets are in four languages, its
 # sources segmented by a 4-language vocabulary), so its ratio holds more than the tags' cost; the
 # tagged one differs from the bilingual one by the tags and the code path only.
@@ -92,11 +93,12 @@ for round in $(seq "$ROUNDS"); do
         cpu "$run.train_cpu" python -m nmtkit train "$BENCH_DIR/$kind" "${ARCH[@]}" "${OPT[@]}" --save-dir "$run" \
             > "$run.log" 2>&1 || { tail -n 20 "$run.log" >&2; exit 1; }
     done
-    for g in $(seq "$GEN_RUNS"); do  # the round's models decode in turn, GEN_RUNS times
-        for kind in "${KINDS[@]}"; do
+    for g in $(seq "$GEN_RUNS"); do  # the round's models decode in turn, GEN_RUNS times, each pass
+        for i in 0 1 2; do           # starting one model later, so that a drift within a pass falls on all alike
+            kind=${KINDS[$(( (g - 1 + i) % 3 ))]}
             run=$BENCH_DIR/run_$kind
             lang=(); [ "$kind" = bilingual ] || lang=(--target-lang en)
-            cpu "$run.gen$g.cpu" python -m nmtkit generate "$BENCH_DIR/$kind" --path "$run/checkpoint_last.pt" "${lang[@]}" \
+            cpu "$run.gen$g.cpu" python -m nmtkit generate "$BENCH_DIR/$kind" --path "$run/checkpoint_last.pt" ${lang[@]+"${lang[@]}"} \
                 "${GEN[@]}" --output "$run.hyp" 2> "$run.gen$g.log" || { tail -n 20 "$run.gen$g.log" >&2; exit 1; }
         done
     done
