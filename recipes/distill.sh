@@ -71,8 +71,8 @@ DECODING=${DECODING:-fairseq}
 # The student: a larger learning rate than the paper's for a small model on small data, with
 # fairseq's inverse_sqrt schedule (as the quickstart); dropout and label smoothing are the student
 # shape's own (none for transformer_student_tiny, as in Bergamot's recipe; 0.1 for the others).
-# 6400 updates: the default student, half the teacher's width, came within 1.0 BLEU of the
-# quickstart's model there (34.4 at 3200); about 30 minutes on 2 CPU cores (docs/archs.md).
+# 6400 updates: the default student, half the quickstart model's width, came within 1.0 BLEU of
+# it there (34.4 at 3200); about 30 minutes of training on 2 CPU cores (docs/archs.md).
 LR=${LR:-$(s 5e-3 1e-3)}
 WARMUP=${WARMUP:-$(s 50 400)}
 MAX_TOKENS=${MAX_TOKENS:-$(s 1024 2048)}
