@@ -217,13 +217,14 @@ show_table() {
     local r=$RESULTS who q
     echo "test_2016_flickr ($TEST_LINES lines), beam $BEAM: sacreBLEU, sentences/s of the search at batch 1 and 128" \
         "(int8+sl: int8 with the lexical shortlist $SHORTLIST)"
-    local student="student ($STUDENT_ARCH)" w
+    local student="student ($STUDENT_ARCH)" w label
     w=$(( ${#student} > 8 ? ${#student} : 8 ))  # the model column as wide as its longest name
     printf "  %-${w}s %-8s %7s %10s %10s\n" model weights BLEU "batch 1" "batch 128"
     for who in teacher student; do
         for q in fp32 int8 int8+sl; do
             [ -f "$r/$who.$q.b128.bleu" ] || continue
-            printf "  %-${w}s %-8s %7s %10s %10s\n" "$([ "$who" = student ] && echo "$student" || echo teacher)" "$q" \
+            label=$who; [ "$who" = student ] && label=$student
+            printf "  %-${w}s %-8s %7s %10s %10s\n" "$label" "$q" \
                 "$(bleu_of "$r/$who.$q.b128.bleu")" "$(cat "$r/$who.$q.b1.speed")" "$(cat "$r/$who.$q.b128.speed")"
         done
     done

@@ -25,7 +25,8 @@
 # Prints one row per round and kind, then the medians and the ratios to bilingual.
 #
 # Environment (defaults):
-#   NMTKIT_DATA   folder with {train,val,test_2016_flickr}.{de,en,fr,cs}.gz  (../shared/data/multi30k)
+#   NMTKIT_DATA   folder with {train,val,test_2016_flickr}.{de,en,fr,cs}.gz  (default: downloaded from
+#                 the multi30k/dataset repository once, as recipes/multilingual.sh does)
 #   BENCH_DIR     work folder                            ($HOME/.cache/nmtkit-bench/multilingual)
 #   ROUNDS=3 GEN_RUNS=1 MAX_UPDATE=100 LOG_INTERVAL=25 THREADS=1 VOCAB_SIZE=8000 TEST_LINES=1000 OUT_LEN=20
 #   D_MODEL=256 D_FF=1024 (the quickstart's model, 3+3 layers, 4 heads; 128 and 512: MODEL_SIZE=small's)
@@ -35,7 +36,6 @@ cd "$ROOT"
 . recipes/lib/env.sh
 nmtkit_env
 
-DATA=${NMTKIT_DATA:-$ROOT/../shared/data/multi30k}
 BENCH_DIR=${BENCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nmtkit-bench/multilingual}
 ROUNDS=${ROUNDS:-3} MAX_UPDATE=${MAX_UPDATE:-100} LOG_INTERVAL=${LOG_INTERVAL:-25} THREADS=${THREADS:-1} GEN_RUNS=${GEN_RUNS:-1}
 VOCAB_SIZE=${VOCAB_SIZE:-8000} TEST_LINES=${TEST_LINES:-1000} OUT_LEN=${OUT_LEN:-20}
@@ -44,9 +44,13 @@ for v in ROUNDS GEN_RUNS MAX_UPDATE LOG_INTERVAL THREADS VOCAB_SIZE TEST_LINES O
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 [ "$MAX_UPDATE" -gt "$LOG_INTERVAL" ] || { echo "MAX_UPDATE must be above LOG_INTERVAL (the first interval is left out)" >&2; exit 2; }
-for s in train val test_2016_flickr; do for l in de en fr cs; do
-    [ -f "$DATA/$s.$l.gz" ] || { echo "missing $DATA/$s.$l.gz (set NMTKIT_DATA)" >&2; exit 2; }
-done; done
+RECIPE_NAME=bench
+# shellcheck disable=SC1091
+. recipes/lib/stages.sh
+# shellcheck disable=SC1091
+. recipes/lib/multi30k.sh
+multi30k_raw de en fr cs  # RAW: NMTKIT_DATA checked, or the files downloaded once
+DATA=$RAW
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 # the data directories depend on the data and the vocabulary size: one folder per pair of them
 BENCH_DIR=$BENCH_DIR/v${VOCAB_SIZE}_$(printf '%s' "$(cd "$DATA" && pwd)" | sha256sum | cut -c1-8)
@@ -94,8 +98,8 @@ for round in $(seq "$ROUNDS"); do
             > "$run.log" 2>&1 || { tail -n 20 "$run.log" >&2; exit 1; }
     done
     for g in $(seq "$GEN_RUNS"); do  # the round's models decode in turn, GEN_RUNS times, each pass
-        for i in 0 1 2; do           # starting one model later, so that a drift within a pass falls on all alike
-            kind=${KINDS[$(( (g - 1 + i) % 3 ))]}
+        for i in "${!KINDS[@]}"; do  # starting one model later, so that a drift within a pass falls on all alike
+            kind=${KINDS[$(( (g - 1 + i) % ${#KINDS[@]} ))]}
             run=$BENCH_DIR/run_$kind
             lang=(); [ "$kind" = bilingual ] || lang=(--target-lang en)
             cpu "$run.gen$g.cpu" python -m nmtkit generate "$BENCH_DIR/$kind" --path "$run/checkpoint_last.pt" ${lang[@]+"${lang[@]}"} \
@@ -103,21 +107,20 @@ for round in $(seq "$ROUNDS"); do
         done
     done
     for kind in "${KINDS[@]}"; do
-        python - "$BENCH_DIR/run_$kind" "$round" "$kind" "$LOG_INTERVAL" "$RESULTS" "$GEN_RUNS" <<'PY'
-import json, re, statistics, sys
+        python - "$BENCH_DIR/run_$kind" "$round" "$kind" "$LOG_INTERVAL" "$RESULTS" "$GEN_RUNS" "$ROOT/recipes/bench" <<'PY'
+import json, statistics, sys
 run, rnd, kind, first, out, gen_runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+sys.path.insert(0, sys.argv[7])
+from generate_bench import parse_summary  # generate's summary line, as every bench reads it
 recs = [r for r in map(json.loads, open(f"{run}/train_log.jsonl", encoding="utf-8")) if r["type"] == "train"]
 late = [r for r in recs if r["update"] > first]
 if not late:
     sys.exit(f"[bench] no train records after update {first} in {run}/train_log.jsonl")
 search, per_cpu = [], []
 for g in range(1, gen_runs + 1):
-    summary = open(f"{run}.gen{g}.log", encoding="utf-8").read()
-    m = re.search(r"translated ([\d,]+) sentences .*search only [\d.]+s: ([\d.,]+) sentences/s", summary)
-    if not m:
-        sys.exit(f"[bench] no summary in {run}.gen{g}.log")
-    search.append(float(m.group(2).replace(",", "")))
-    per_cpu.append(int(m.group(1).replace(",", "")) / float(open(f"{run}.gen{g}.cpu").read()))
+    sentences, _, search_s = parse_summary(open(f"{run}.gen{g}.log", encoding="utf-8").read(), f"{run}.gen{g}.log")
+    search.append(sentences / search_s)
+    per_cpu.append(sentences / float(open(f"{run}.gen{g}.cpu").read()))
 train_cpu = float(open(f"{run}.train_cpu").read())
 wall_rate = sum(r["tgt_tokens"] for r in late) / sum(r["wall_s"] for r in late)
 cpu_rate = sum(r["tgt_tokens"] for r in recs) / train_cpu
