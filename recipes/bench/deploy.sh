@@ -16,7 +16,8 @@
 #                      ct2-int8-vmap,onnx,onnx-sl,onnx-int8,onnx-int8-sl (default: all; without
 #                      SHORTLIST, those without one)
 #   CELLS=1x1,2x128    THREADSxBATCH cells   RUNS=1   BEAM=4   LENPEN=0.6   LIMIT=0 (first N lines)
-#   NMTKIT_DATA=DIR    Multi30k folder (default ../shared/data/multi30k)
+#   NMTKIT_DATA=DIR    folder with test_2016_flickr.{de,en}(.gz) (default: Multi30k de/en downloaded
+#                      once from the multi30k/dataset repository, as the quickstart does)
 #   BENCH_DIR=DIR      scratch folder (default ./runs/bench_deploy)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -24,7 +25,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 nmtkit_env
 # the engines (the test extra has them; install the two extras only where they are missing)
 python -c 'import ctranslate2, onnx, onnxruntime' 2>/dev/null || nmtkit_env ctranslate2,onnx
-m30k=${NMTKIT_DATA:-$(pwd)/../shared/data/multi30k}
+if [ -n "${NMTKIT_DATA:-}" ]; then
+    m30k=$NMTKIT_DATA
+else  # the quickstart's own download (recipes/lib/multi30k.sh), once into NMTKIT_CACHE
+    RECIPE_NAME=bench
+    # shellcheck disable=SC1091
+    . recipes/lib/stages.sh
+    # shellcheck disable=SC1091
+    . recipes/lib/multi30k.sh
+    multi30k_raw de en
+    m30k=$RAW
+fi
 src=$m30k/test_2016_flickr.de; [ -f "$src" ] || src=$src.gz
 ref=$m30k/test_2016_flickr.en; [ -f "$ref" ] || ref=$ref.gz
 all=nmtkit,nmtkit-sl,nmtkit-int8,nmtkit-int8-sl,ct2,ct2-vmap,ct2-int8,ct2-int8-vmap,onnx,onnx-sl,onnx-int8,onnx-int8-sl
